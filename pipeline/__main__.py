@@ -1,0 +1,64 @@
+"""`python -m pipeline [overrides]`: compose the config, check it, run or submit the stages."""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+import hydra
+from omegaconf import DictConfig
+
+from pipeline import config as config_schema
+from pipeline.config import ConfigError
+
+config_schema.register()
+
+
+def check_stage_inputs(cfg: DictConfig) -> None:
+    """A stage run alone needs the outputs of the stages before it."""
+    from pipeline import data
+    from pipeline.layout import RunLayout
+
+    layout = RunLayout.of(cfg.workdir)
+    if "tokenize" not in cfg.stages and not layout.manifest.exists():
+        raise ConfigError(f"stages: no tokenized data in {layout.data_dir}; add tokenize to stages")
+    if "tokenize" not in cfg.stages:
+        data.check_splits(data.load_manifest(cfg), cfg)
+    evaluate_alone = "evaluate" in cfg.stages and "train" not in cfg.stages
+    named = str(cfg.eval.checkpoint) in ("best", "latest")
+    if evaluate_alone and named and not layout.checkpoints.exists():
+        raise ConfigError(f"stages: no checkpoints in {layout.checkpoints}; add train to stages")
+
+
+def execute(cfg: DictConfig) -> int:
+    from pipeline import graph, launch
+    from pipeline.layout import RunLayout
+
+    logging.getLogger("megatron").setLevel(logging.WARNING)  # its per-file INFO lines drown ours
+    config_schema.validate(cfg)
+    check_stage_inputs(cfg)
+    layout = RunLayout.of(cfg.workdir)
+    steps = graph.build(cfg)
+    todo = graph.pending(steps, cfg)
+    done = [s.name for s in steps if s not in todo]
+    if done:
+        print(f"[pipeline] already complete: {', '.join(done)}", file=sys.stderr)
+    launch.run(todo, cfg)
+    print(f"\nRun folder: {layout.root}")
+    if layout.summary.exists():
+        print(f"Summary:    {layout.summary}")
+        print(layout.summary.read_text())
+    return 0
+
+
+@hydra.main(config_path="../conf", config_name="config", version_base=None)
+def main(cfg: DictConfig) -> int:
+    try:
+        return execute(cfg)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,240 @@
+"""The seam between the one training loop and the hardware it runs on.
+
+A backend supplies what differs between CPU and GPU: the layer spec, fusion switches, the
+data-parallel wrapper, the optimizer, the checkpoint format. `select` picks one from the config;
+the CPU backend lives here, the Transformer Engine one in `backend_te`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
+import torch.nn.functional as F
+from omegaconf import DictConfig
+from torch.overrides import TorchFunctionMode
+
+
+class Backend(Protocol):
+    name: str
+    device: torch.device
+
+    def transformer_options(self, cfg: DictConfig) -> dict[str, Any]: ...
+    def layer_spec(self, cfg: DictConfig) -> Any: ...
+    def adapt_model(self, model: torch.nn.Module) -> torch.nn.Module: ...
+    def wrap(self, chunks: list[torch.nn.Module], cfg: DictConfig) -> list[torch.nn.Module]: ...
+    def optimizer(self, chunks: list[torch.nn.Module], cfg: DictConfig) -> Any: ...
+    def schedule_context(self) -> contextlib.AbstractContextManager: ...
+    def save(self, folder: Path, chunks: list[torch.nn.Module], optimizer: Any) -> None: ...
+    def load(self, folder: Path, chunks: list[torch.nn.Module], optimizer: Any | None) -> None: ...
+
+
+def resolve_device(cfg: DictConfig) -> str:
+    if cfg.train.device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return cfg.train.device
+
+
+def select(cfg: DictConfig) -> Backend:
+    if resolve_device(cfg) == "cuda":
+        from pipeline.backend_te import TransformerEngineBackend
+
+        return TransformerEngineBackend()
+    return CpuBackend()
+
+
+# --- CPU --------------------------------------------------------------------------------------
+
+
+class SDPAttention(torch.nn.Module):
+    """Core attention through torch's scaled_dot_product_attention, which runs anywhere; it
+    replaces megatron-core's DotProductAttention, whose buffers live on CUDA."""
+
+    def __init__(
+        self,
+        config,
+        layer_number,
+        attn_mask_type,
+        attention_type,
+        attention_dropout=None,
+        softmax_scale=None,
+        cp_comm_type=None,
+        pg_collection=None,
+    ):
+        super().__init__()
+        self.config = config
+        self.dropout = config.attention_dropout if attention_dropout is None else attention_dropout
+        self.scale = softmax_scale
+
+    def forward(
+        self,
+        query,
+        key,
+        value,
+        attention_mask,
+        attn_mask_type=None,
+        attention_bias=None,
+        packed_seq_params=None,
+    ):
+        # megatron-core passes [seq, batch, heads, dim]; SDPA wants [batch, heads, seq, dim]
+        q, k, v = (t.permute(1, 2, 0, 3) for t in (query, key, value))
+        if k.shape[1] != q.shape[1]:  # grouped-query attention: share each key/value head
+            repeat = q.shape[1] // k.shape[1]
+            k, v = k.repeat_interleave(repeat, dim=1), v.repeat_interleave(repeat, dim=1)
+        mask = None if attention_mask is None else ~attention_mask  # megatron: True = masked
+        out = F.scaled_dot_product_attention(
+            q,
+            k,
+            v,
+            attn_mask=mask,
+            is_causal=mask is None,
+            dropout_p=self.dropout if self.training else 0.0,
+            scale=self.scale,
+        )
+        b, h, s, d = out.shape
+        return out.permute(2, 0, 1, 3).reshape(s, b, h * d)
+
+
+def _cpu_rotary_class():
+    from megatron.core.models.common.embeddings.rotary_pos_embedding import RotaryEmbedding
+
+    class CpuRotaryEmbedding(RotaryEmbedding):
+        """RotaryEmbedding.get_emb moves its frequencies to the CUDA device; here they stay."""
+
+        def get_emb(self, max_seq_len: int, offset: int = 0) -> torch.Tensor:
+            freqs = self.get_freqs_non_repeated(max_seq_len, offset)
+            if self.rotary_interleaved:
+                emb = torch.stack((freqs.view(-1, 1), freqs.view(-1, 1)), dim=-1)
+                emb = emb.view(freqs.shape[0], -1)
+            else:
+                emb = torch.cat((freqs, freqs), dim=-1)
+            return emb[:, None, None, :]
+
+    return CpuRotaryEmbedding
+
+
+class _CudaAllocationsOnCpu(TorchFunctionMode):
+    """megatron-core's schedules allocate their token counter with device="cuda"; on a CPU-only
+    host, create such tensors on the CPU instead. Nothing else is touched."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if kwargs.get("device") == "cuda":
+            kwargs["device"] = "cpu"
+        return func(*args, **kwargs)
+
+
+class DataParallelAdamW:
+    """torch AdamW over data-parallel replicas: averages gradients across the data-parallel
+    group (gloo), clips them, and skips a step whose gradient is not finite. Same contract as
+    megatron-core's optimizers: step() -> (updated, grad_norm)."""
+
+    def __init__(self, chunks: list[torch.nn.Module], cfg: DictConfig):
+        from megatron.core import parallel_state
+
+        t = cfg.train
+        self.params = [p for c in chunks for p in c.parameters() if p.requires_grad]
+        decay = [p for p in self.params if p.ndim >= 2]
+        no_decay = [p for p in self.params if p.ndim < 2]  # norms and biases
+        self.optimizer = torch.optim.AdamW(
+            [{"params": decay, "wd_mult": 1.0}, {"params": no_decay, "wd_mult": 0.0}],
+            lr=t.lr,
+            betas=(t.adam_beta1, t.adam_beta2),
+            eps=t.adam_eps,
+            weight_decay=t.weight_decay,
+        )
+        self.clip = t.clip_grad
+        self.dp_group = parallel_state.get_data_parallel_group()
+        self.dp_size = parallel_state.get_data_parallel_world_size()
+
+    @property
+    def param_groups(self) -> list[dict]:
+        return self.optimizer.param_groups
+
+    def zero_grad(self) -> None:
+        for p in self.params:
+            p.grad = None
+
+    def step(self) -> tuple[bool, float]:
+        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params]
+        if self.dp_size > 1:
+            flat = torch.cat([g.reshape(-1) for g in grads])
+            torch.distributed.all_reduce(flat, group=self.dp_group)
+            flat /= self.dp_size
+            for p, g in zip(self.params, flat.split([g.numel() for g in grads]), strict=True):
+                p.grad = g.view_as(p)
+        else:
+            for p, g in zip(self.params, grads, strict=True):
+                p.grad = g
+        norm = float(torch.nn.utils.clip_grad_norm_(self.params, self.clip or math.inf))
+        if not math.isfinite(norm):
+            return False, norm
+        self.optimizer.step()
+        return True, norm
+
+    def state_dict(self) -> dict:
+        return self.optimizer.state_dict()
+
+    def load_state_dict(self, state: dict) -> None:
+        self.optimizer.load_state_dict(state)
+
+
+class CpuBackend:
+    name = "cpu"
+    device = torch.device("cpu")
+
+    def transformer_options(self, cfg: DictConfig) -> dict[str, Any]:
+        if cfg.train.precision != "fp32":
+            raise ValueError(f"train.precision={cfg.train.precision} needs a GPU; use fp32 on CPU")
+        return dict(
+            use_cpu_initialization=True,
+            perform_initialization=True,
+            bias_activation_fusion=False,
+            bias_dropout_fusion=False,
+            masked_softmax_fusion=False,
+            persist_layer_norm=False,
+            gradient_accumulation_fusion=False,
+            apply_rope_fusion=False,
+            cross_entropy_loss_fusion=False,
+        )
+
+    def layer_spec(self, cfg: DictConfig):
+        from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+
+        spec = get_gpt_layer_local_spec(normalization=cfg.model.normalization)
+        spec.submodules.self_attention.submodules.core_attention = SDPAttention
+        return spec
+
+    def adapt_model(self, model: torch.nn.Module) -> torch.nn.Module:
+        rotary = getattr(model, "rotary_pos_emb", None)
+        if rotary is not None and type(rotary).__name__ == "RotaryEmbedding":
+            rotary.__class__ = _cpu_rotary_class()
+        return model
+
+    def wrap(self, chunks: list[torch.nn.Module], cfg: DictConfig) -> list[torch.nn.Module]:
+        if cfg.parallel.tensor * cfg.parallel.pipeline > 1:
+            raise ValueError("parallel.tensor and parallel.pipeline need GPUs; use 1 on CPU")
+        return chunks  # gradients are averaged by the optimizer
+
+    def optimizer(self, chunks: list[torch.nn.Module], cfg: DictConfig) -> DataParallelAdamW:
+        return DataParallelAdamW(chunks, cfg)
+
+    def schedule_context(self) -> contextlib.AbstractContextManager:
+        return _CudaAllocationsOnCpu()
+
+    def save(self, folder: Path, chunks: list[torch.nn.Module], optimizer: Any) -> None:
+        torch.save([c.state_dict() for c in chunks], folder / "model.pt")
+        if optimizer is not None:
+            torch.save(optimizer.state_dict(), folder / "optimizer.pt")
+
+    def load(self, folder: Path, chunks: list[torch.nn.Module], optimizer: Any | None) -> None:
+        states = torch.load(folder / "model.pt", map_location="cpu", weights_only=False)
+        for chunk, state in zip(chunks, states, strict=True):
+            chunk.load_state_dict(state)
+        if optimizer is not None:
+            optimizer.load_state_dict(
+                torch.load(folder / "optimizer.pt", map_location="cpu", weights_only=False)
+            )

@@ -1,0 +1,316 @@
+"""Config schema and every cross-field check, run before anything is submitted.
+
+The dataclasses are registered in Hydra's ConfigStore as `base_config`, so a typo or a wrong
+type in any YAML file or override fails at composition, naming the key. `validate` then checks
+what a schema cannot express (batch arithmetic, divisibility, paths) and fills derived values.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING, DictConfig, OmegaConf
+
+STAGES = ("tokenize", "train", "evaluate")
+
+
+class ConfigError(ValueError):
+    """A user mistake in the configuration; the message names the key."""
+
+
+@dataclass
+class DataConfig:
+    inputs: list[str] = field(
+        default_factory=list
+    )  # JSONL / JSONL.gz globs; empty: built-in corpus
+    text_key: str = "text"
+    num_shards: int = 4
+    split: str = "90,5,5"  # train, validation, test: documents, by weight
+    strict: bool = False  # stop at the first bad record instead of counting it
+    max_document_bytes: int = 64 * 1024 * 1024
+    builtin_corpus_bytes: int = 4_000_000
+
+
+@dataclass
+class TokenizerConfig:
+    model: str | None = None  # an existing sentencepiece .model; None: train one
+    type: str = "bpe"  # bpe | unigram
+    vocab_size: int = 4096
+    sample_documents: int = 200_000  # seeded random sample of the corpus used for training
+    max_sentence_length: int = 16384
+    character_coverage: float = 0.9995
+    byte_fallback: bool = True
+    lossless: bool = True  # identity normalization, whitespace kept: decode(encode(x)) == x
+    user_defined_symbols: list[str] = field(default_factory=lambda: ["\n"])
+    seed: int = 1234
+    threads: int = 2
+
+
+@dataclass
+class ModelConfig:
+    name: str = MISSING
+    num_layers: int = MISSING
+    hidden_size: int = MISSING
+    num_attention_heads: int = MISSING
+    num_query_groups: int | None = None  # None: plain multi-head attention
+    ffn_hidden_size: int | None = None  # None: 4 x hidden (or 8/3 x hidden for SwiGLU)
+    seq_length: int = 2048
+    max_position_embeddings: int | None = None  # None: seq_length
+    activation: str = "swiglu"  # swiglu | gelu
+    normalization: str = "RMSNorm"  # RMSNorm | LayerNorm
+    position_embedding: str = "rope"  # rope | learned_absolute
+    rotary_base: int = 10000
+    untie_embeddings: bool = True
+    add_bias_linear: bool = False
+    init_method_std: float = 0.02
+    hidden_dropout: float = 0.0
+    attention_dropout: float = 0.0
+    make_vocab_size_divisible_by: int = 128
+
+
+@dataclass
+class ParallelConfig:
+    tensor: int = 1
+    pipeline: int = 1
+    virtual_pipeline: int | None = None
+    sequence_parallel: bool = False
+    distributed_optimizer: bool = True
+    overlap_grad_reduce: bool = False
+
+
+@dataclass
+class TrainConfig:
+    micro_batch_size: int = 8
+    global_batch_size: int = 32
+    grad_accum: int | None = None  # derived from the batch sizes and data-parallel size
+    steps: int = 1000
+    lr: float = 3e-4
+    min_lr: float = 3e-5
+    warmup_steps: int = 100
+    lr_decay_style: str = "cosine"
+    weight_decay: float = 0.1
+    adam_beta1: float = 0.9
+    adam_beta2: float = 0.95
+    adam_eps: float = 1e-8
+    clip_grad: float = 1.0
+    precision: str = "bf16"  # fp32 | bf16 | fp16 | fp8
+    fp8_recipe: str = "delayed"  # delayed | tensorwise
+    recompute: str = "none"  # none | selective | full
+    recompute_layers: int | None = None  # with full recompute: layers recomputed per stage
+    device: str = "auto"  # auto | cpu | cuda
+    seed: int = 1234
+    log_interval: int = 10
+    eval_interval: int = 100
+    eval_iters: int = 10  # validation micro-batches per data-parallel rank, the same each time
+    save_interval: int = 200
+    keep_last: int = 2  # checkpoints kept besides the best one
+    threads: int | None = None  # CPU threads per rank; None: torch's default
+    exit_signal_lead_s: int = 120  # Slurm sends SIGUSR1 this long before the time limit
+    max_requeues: int = 20
+
+
+@dataclass
+class EvalConfig:
+    checkpoint: str = "best"  # best | latest | a checkpoint folder
+    max_batches: int | None = None  # None: the whole test split
+    micro_batch_size: int | None = None  # None: train.micro_batch_size
+
+
+@dataclass
+class ClusterConfig:
+    name: str = "local"
+    executor: str = "inprocess"  # local: inprocess | subprocess; slurm: slurm
+    nodes: int = 1
+    gpus_per_node: int = 0
+    cpus_per_task: int = 2
+    mem_gb: int | None = None
+    partition: str | None = None
+    account: str | None = None
+    qos: str | None = None
+    time_limit: str = "04:00:00"
+    cpu_time_limit: str = "02:00:00"
+    array_parallelism: int = 64
+    setup: list[str] = field(default_factory=list)
+    sbatch_extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class PipelineConfig:
+    workdir: str = MISSING
+    stages: list[str] = field(default_factory=lambda: list(STAGES))
+    dry_run: bool = False
+    data: DataConfig = field(default_factory=DataConfig)
+    tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
+
+
+def register() -> None:
+    ConfigStore.instance().store(name="base_config", node=PipelineConfig)
+
+
+def _require(ok: bool, key: str, message: str) -> None:
+    if not ok:
+        raise ConfigError(f"{key}: {message}")
+
+
+def _one_of(cfg: DictConfig, key: str, allowed: tuple[str, ...]) -> None:
+    value = OmegaConf.select(cfg, key)
+    _require(value in allowed, key, f"{value!r} is not one of {', '.join(allowed)}")
+
+
+def world_size(cfg: DictConfig) -> int:
+    """Ranks of the training job: one per GPU, or cluster.nodes x tasks on CPU."""
+    per_node = cfg.cluster.gpus_per_node or 1
+    return cfg.cluster.nodes * per_node
+
+
+def data_parallel_size(cfg: DictConfig) -> int:
+    return world_size(cfg) // (cfg.parallel.tensor * cfg.parallel.pipeline)
+
+
+def validate(cfg: DictConfig) -> DictConfig:
+    """Check the composed config and fill derived values (train.grad_accum). Raises ConfigError."""
+    _require(bool(cfg.workdir), "workdir", "must be a path")
+    for stage in cfg.stages:
+        _require(stage in STAGES, "stages", f"{stage!r} is not one of {', '.join(STAGES)}")
+    _require(
+        list(cfg.stages) == [s for s in STAGES if s in cfg.stages],
+        "stages",
+        f"must be in pipeline order ({', '.join(STAGES)})",
+    )
+    _validate_data(cfg)
+    _validate_tokenizer(cfg)
+    _validate_model(cfg)
+    _validate_parallel_and_batch(cfg)
+    _one_of(cfg, "train.precision", ("fp32", "bf16", "fp16", "fp8"))
+    _one_of(cfg, "train.fp8_recipe", ("delayed", "tensorwise"))
+    _one_of(cfg, "train.recompute", ("none", "selective", "full"))
+    _one_of(cfg, "train.device", ("auto", "cpu", "cuda"))
+    _one_of(cfg, "train.lr_decay_style", ("cosine", "linear", "constant", "WSD"))
+    t = cfg.train
+    _require(t.steps > 0, "train.steps", "must be positive")
+    _require(0 <= t.warmup_steps < t.steps, "train.warmup_steps", "must be in [0, train.steps)")
+    _require(0 <= t.min_lr <= t.lr, "train.min_lr", "must be in [0, train.lr]")
+    for key in ("log_interval", "eval_interval", "save_interval", "eval_iters"):
+        _require(t[key] > 0, f"train.{key}", "must be positive")
+    _require(t.keep_last >= 1, "train.keep_last", "must be at least 1")
+    _one_of(cfg, "cluster.name", ("local", "slurm"))
+    allowed = ("inprocess", "subprocess") if cfg.cluster.name == "local" else ("slurm",)
+    _one_of(cfg, "cluster.executor", allowed)
+    ckpt = str(cfg.eval.checkpoint)
+    _require(
+        ckpt in ("best", "latest") or os.path.isdir(ckpt) or "train" in cfg.stages,
+        "eval.checkpoint",
+        f"{ckpt!r} is neither best, latest nor a checkpoint folder",
+    )
+    return cfg
+
+
+def _validate_data(cfg: DictConfig) -> None:
+    d = cfg.data
+    _require(d.num_shards >= 1, "data.num_shards", "must be at least 1")
+    _require(bool(d.text_key), "data.text_key", "must not be empty")
+    if "tokenize" in cfg.stages:
+        for pattern in d.inputs:
+            matches = glob.glob(os.path.expanduser(pattern))
+            _require(bool(matches), "data.inputs", f"{pattern!r} matches no file")
+            for path in matches:
+                _require(os.access(path, os.R_OK), "data.inputs", f"{path} is not readable")
+    try:
+        weights = [float(x) for x in d.split.split(",")]
+    except ValueError:
+        raise ConfigError(f"data.split: {d.split!r} is not three comma-separated numbers") from None
+    _require(len(weights) == 3 and min(weights) >= 0, "data.split", "needs 3 weights >= 0")
+    _require(weights[0] > 0, "data.split", "the training weight must be positive")
+    _require(weights[2] > 0 or "evaluate" not in cfg.stages, "data.split", "needs a test share")
+
+
+def _validate_tokenizer(cfg: DictConfig) -> None:
+    tk = cfg.tokenizer
+    if tk.model:
+        _require(os.path.isfile(tk.model), "tokenizer.model", f"{tk.model} is not a file")
+    _one_of(cfg, "tokenizer.type", ("bpe", "unigram"))
+    _require(tk.vocab_size >= 64, "tokenizer.vocab_size", "must be at least 64")
+    _require(0 < tk.character_coverage <= 1, "tokenizer.character_coverage", "must be in (0, 1]")
+
+
+def _validate_model(cfg: DictConfig) -> None:
+    m = cfg.model
+    for key in ("num_layers", "hidden_size", "num_attention_heads", "seq_length"):
+        _require(m[key] > 0, f"model.{key}", "must be positive")
+    _require(
+        m.hidden_size % m.num_attention_heads == 0,
+        "model.hidden_size",
+        f"{m.hidden_size} is not divisible by model.num_attention_heads={m.num_attention_heads}",
+    )
+    groups = m.num_query_groups or m.num_attention_heads
+    _require(
+        m.num_attention_heads % groups == 0,
+        "model.num_query_groups",
+        f"{groups} does not divide model.num_attention_heads={m.num_attention_heads}",
+    )
+    _one_of(cfg, "model.activation", ("swiglu", "gelu"))
+    _one_of(cfg, "model.normalization", ("RMSNorm", "LayerNorm"))
+    _one_of(cfg, "model.position_embedding", ("rope", "learned_absolute"))
+    limit = m.max_position_embeddings or m.seq_length
+    _require(
+        m.seq_length <= limit,
+        "model.seq_length",
+        f"{m.seq_length} exceeds model.max_position_embeddings={limit}",
+    )
+
+
+def _validate_parallel_and_batch(cfg: DictConfig) -> None:
+    p, t, m = cfg.parallel, cfg.train, cfg.model
+    _require(p.tensor >= 1 and p.pipeline >= 1, "parallel", "tensor and pipeline must be >= 1")
+    ws = world_size(cfg)
+    _require(
+        ws % (p.tensor * p.pipeline) == 0,
+        "parallel.tensor",
+        f"tensor x pipeline = {p.tensor * p.pipeline} does not divide the world size {ws} "
+        f"(cluster.nodes x cluster.gpus_per_node)",
+    )
+    groups = m.num_query_groups or m.num_attention_heads
+    _require(
+        m.num_attention_heads % p.tensor == 0 and groups % p.tensor == 0,
+        "parallel.tensor",
+        f"{p.tensor} does not divide the attention heads ({m.num_attention_heads}) "
+        f"and query groups ({groups})",
+    )
+    stages = p.pipeline * (p.virtual_pipeline or 1)
+    _require(
+        m.num_layers % stages == 0,
+        "parallel.pipeline",
+        f"model.num_layers={m.num_layers} is not divisible by pipeline x virtual stages = {stages}",
+    )
+    _require(
+        not p.sequence_parallel or p.tensor > 1,
+        "parallel.sequence_parallel",
+        "needs parallel.tensor > 1",
+    )
+    dp = data_parallel_size(cfg)
+    _require(t.micro_batch_size >= 1, "train.micro_batch_size", "must be at least 1")
+    per_step = t.micro_batch_size * dp
+    if t.grad_accum is None:
+        _require(
+            t.global_batch_size % per_step == 0,
+            "train.global_batch_size",
+            f"{t.global_batch_size} is not a multiple of train.micro_batch_size x data-parallel "
+            f"size = {t.micro_batch_size} x {dp}",
+        )
+        t.grad_accum = t.global_batch_size // per_step
+    else:
+        _require(
+            t.global_batch_size == per_step * t.grad_accum,
+            "train.global_batch_size",
+            f"{t.global_batch_size} != train.micro_batch_size x data-parallel size x "
+            f"train.grad_accum = {t.micro_batch_size} x {dp} x {t.grad_accum}",
+        )

@@ -1,0 +1,59 @@
+"""torch.distributed from the standard environment (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR,
+MASTER_PORT), which the launcher sets; a lone process gets a private in-memory group.
+
+Stages call this and never read scheduler variables: the launcher translates those.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from datetime import timedelta
+
+
+@dataclass(frozen=True)
+class Rank:
+    rank: int
+    world_size: int
+    local_rank: int
+
+    @property
+    def is_first(self) -> bool:
+        return self.rank == 0
+
+
+def from_env() -> Rank:
+    return Rank(
+        int(os.environ.get("RANK", 0)),
+        int(os.environ.get("WORLD_SIZE", 1)),
+        int(os.environ.get("LOCAL_RANK", 0)),
+    )
+
+
+def init(backend: str | None = None, timeout_minutes: int = 30) -> Rank:
+    """Initialise the default process group once (gloo on CPU, nccl on GPU)."""
+    import torch
+    import torch.distributed as dist
+
+    me = from_env()
+    if dist.is_initialized():
+        return me
+    if backend is None:
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+    if backend == "nccl":
+        torch.cuda.set_device(me.local_rank)
+    timeout = timedelta(minutes=timeout_minutes)
+    if me.world_size == 1 and "MASTER_ADDR" not in os.environ:
+        dist.init_process_group(
+            backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout
+        )
+    else:
+        dist.init_process_group(backend, init_method="env://", timeout=timeout)
+    return me
+
+
+def shutdown() -> None:
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.destroy_process_group()

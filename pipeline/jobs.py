@@ -1,0 +1,37 @@
+"""The callables a scheduler runs: they turn the job's environment into the standard
+torch.distributed variables, then call a stage. Picklable, so submitit can ship them."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from typing import Any
+
+from omegaconf import DictConfig
+
+
+def export_distributed_env() -> None:
+    """RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT from submitit's job environment."""
+    import submitit
+
+    env = submitit.JobEnvironment()
+    if env.num_tasks > 1:
+        submitit.helpers.TorchDistributedEnvironment().export(set_cuda_visible_devices=False)
+
+
+class DistributedTask:
+    def __init__(self, fn: Callable[[DictConfig], Any], cfg: DictConfig):
+        self.fn, self.cfg = fn, cfg
+
+    def __call__(self) -> Any:
+        export_distributed_env()
+        return self.fn(self.cfg)
+
+
+class ArrayTask:
+    def __init__(self, fn: Callable[[DictConfig, int], Any], cfg: DictConfig):
+        self.fn, self.cfg = fn, cfg
+
+    def __call__(self, index: int) -> Any:
+        os.environ.setdefault("OMP_NUM_THREADS", str(self.cfg.cluster.cpus_per_task))
+        return self.fn(self.cfg, index)

@@ -1,0 +1,81 @@
+"""Where each stage reads and writes inside the run's workdir: one place for every path."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class RunLayout:
+    root: Path
+
+    @classmethod
+    def of(cls, workdir: str) -> RunLayout:
+        return cls(Path(workdir).expanduser().resolve())
+
+    # tokenize stage
+    @property
+    def corpus_dir(self) -> Path:
+        return self.root / "corpus"
+
+    @property
+    def tokenizer_dir(self) -> Path:
+        return self.root / "tokenizer"
+
+    @property
+    def tokenizer_model(self) -> Path:
+        return self.tokenizer_dir / "tokenizer.model"
+
+    @property
+    def data_dir(self) -> Path:
+        return self.root / "data"
+
+    def shard_prefix(self, index: int) -> Path:
+        return self.data_dir / f"shard-{index:05d}"
+
+    @property
+    def manifest(self) -> Path:
+        return self.data_dir / "manifest.json"
+
+    @property
+    def index_cache(self) -> Path:
+        return self.data_dir / "index-cache"
+
+    # train stage
+    @property
+    def checkpoints(self) -> Path:
+        return self.root / "checkpoints"
+
+    @property
+    def train_dir(self) -> Path:
+        return self.root / "train"
+
+    @property
+    def metrics(self) -> Path:
+        return self.train_dir / "metrics.jsonl"
+
+    @property
+    def train_done(self) -> Path:
+        return self.train_dir / "DONE.json"
+
+    @property
+    def tensorboard(self) -> Path:
+        return self.train_dir / "tensorboard"
+
+    # evaluate stage
+    @property
+    def eval_dir(self) -> Path:
+        return self.root / "eval"
+
+    @property
+    def eval_done(self) -> Path:
+        return self.eval_dir / "DONE.json"
+
+    @property
+    def summary(self) -> Path:
+        return self.root / "summary.json"
+
+    @property
+    def logs(self) -> Path:
+        return self.root / "logs"

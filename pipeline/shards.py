@@ -1,0 +1,83 @@
+"""The shard plan: which bytes of which input files each tokenize task reads.
+
+Deterministic for a given file list and shard count: files in sorted order are laid end to end
+and cut into equal byte ranges (gzip files cannot be cut and go whole to one shard). The plan is
+written once into the run, so a rerun reads exactly what the first run planned.
+"""
+
+from __future__ import annotations
+
+import bisect
+import glob
+import os
+from pathlib import Path
+
+from omegaconf import DictConfig
+
+from pipeline import files
+from pipeline.layout import RunLayout
+from pipeline.records import Span, is_gzip
+
+
+def input_paths(cfg: DictConfig) -> list[str]:
+    """The corpus files: the expanded `data.inputs` globs, or the built-in corpus."""
+    if not cfg.data.inputs:
+        return [str(RunLayout.of(cfg.workdir).corpus_dir / "builtin.jsonl")]
+    paths: set[str] = set()
+    for pattern in cfg.data.inputs:
+        paths.update(os.path.abspath(p) for p in glob.glob(os.path.expanduser(pattern)))
+    return sorted(p for p in paths if os.path.isfile(p))
+
+
+def input_spans(cfg: DictConfig) -> list[Span]:
+    return [Span(p) for p in input_paths(cfg)]
+
+
+def make_plan(paths_and_sizes: list[tuple[str, int]], num_shards: int) -> list[list[Span]]:
+    """Cut the concatenated inputs into at most num_shards contiguous, non-empty shards."""
+    total = sum(size for _, size in paths_and_sizes)
+    bounds = [round(total * k / num_shards) for k in range(num_shards + 1)]
+    shards: list[list[Span]] = [[] for _ in range(num_shards)]
+
+    def shard_at(position: int) -> int:
+        return min(bisect.bisect_right(bounds, position) - 1, num_shards - 1)
+
+    position = 0
+    for path, size in paths_and_sizes:
+        if is_gzip(path) or size == 0:
+            shards[shard_at(position)].append(Span(path))
+        else:
+            start = 0
+            while start < size:
+                k = shard_at(position + start)
+                end = max(min(size, bounds[k + 1] - position), start + 1)
+                shards[k].append(Span(path, start, None if end >= size else end))
+                start = end
+        position += size
+    return [spans for spans in shards if spans]
+
+
+def plan_path(cfg: DictConfig) -> Path:
+    return RunLayout.of(cfg.workdir).data_dir / "plan.json"
+
+
+def plan(cfg: DictConfig) -> list[list[Span]]:
+    """The run's shard plan, made on first use and read back afterwards."""
+    path = plan_path(cfg)
+    saved = files.read_json_or_none(path)
+    paths = input_paths(cfg)
+    if saved is None:
+        sizes = [(p, os.path.getsize(p)) for p in paths]
+        shards = make_plan(sizes, cfg.data.num_shards)
+        saved = {
+            "inputs": dict(sizes),
+            "num_shards": cfg.data.num_shards,
+            "shards": [[[s.path, s.start, s.end] for s in spans] for spans in shards],
+        }
+        files.write_json(path, saved)
+    elif sorted(saved["inputs"]) != paths or saved["num_shards"] != cfg.data.num_shards:
+        raise RuntimeError(
+            f"data.inputs or data.num_shards changed since {path} was planned; "
+            "use a new workdir (or delete the data folder) to tokenize a different corpus"
+        )
+    return [[Span(p, s, e) for p, s, e in spans] for spans in saved["shards"]]

@@ -1,0 +1,175 @@
+"""Sentencepiece tokenizer: trained on a seeded sample of the corpus, or an existing model.
+
+Lossless by default (identity normalization, whitespace kept, byte fallback, "\\n" as its own
+piece), so decode(encode(text)) == text for every document; the same seed and corpus give the
+same model, byte for byte.
+"""
+
+from __future__ import annotations
+
+import io
+import random
+import shutil
+import time
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+from omegaconf import DictConfig
+
+from pipeline import files
+from pipeline.layout import RunLayout
+from pipeline.records import Document, read
+from pipeline.shards import input_spans
+
+
+def model_path(cfg: DictConfig) -> Path:
+    """The tokenizer the run uses: the configured model, copied into the run, or a trained one."""
+    return RunLayout.of(cfg.workdir).tokenizer_model
+
+
+def meta_path(cfg: DictConfig) -> Path:
+    return RunLayout.of(cfg.workdir).tokenizer_dir / "tokenizer.json"
+
+
+def is_complete(cfg: DictConfig) -> bool:
+    return meta_path(cfg).exists() and model_path(cfg).exists()
+
+
+def load(path: str | Path):
+    import sentencepiece as spm
+
+    return spm.SentencePieceProcessor(model_file=str(path))
+
+
+def sample_documents(docs: Iterable[str], size: int, seed: int) -> list[str]:
+    """A uniform random sample of `size` documents in one pass (reservoir sampling)."""
+    rng = random.Random(seed)
+    sample: list[str] = []
+    for i, text in enumerate(docs):
+        if i < size:
+            sample.append(text)
+        else:
+            j = rng.randint(0, i)
+            if j < size:
+                sample[j] = text
+    return sample
+
+
+def _pieces(texts: Iterable[str], max_bytes: int) -> Iterator[str]:
+    """Sentencepiece skips any training sentence longer than max_bytes: cut long documents at
+    line ends (keeping the newlines) so all of their text is seen."""
+    for text in texts:
+        if len(text.encode()) <= max_bytes:
+            yield text
+            continue
+        piece: list[str] = []
+        size = 0
+        for line in text.splitlines(keepends=True):
+            n = len(line.encode())
+            if piece and size + n > max_bytes:
+                yield "".join(piece)
+                piece, size = [], 0
+            if n > max_bytes:  # one very long line: cut by characters
+                step = max(1, max_bytes // 4)
+                yield from (line[i : i + step] for i in range(0, len(line), step))
+                continue
+            piece.append(line)
+            size += n
+        if piece:
+            yield "".join(piece)
+
+
+def trainer_options(tk: DictConfig) -> dict:
+    options = dict(
+        model_type=tk.type,
+        vocab_size=tk.vocab_size,
+        character_coverage=tk.character_coverage,
+        byte_fallback=tk.byte_fallback,
+        user_defined_symbols=list(tk.user_defined_symbols),
+        max_sentence_length=tk.max_sentence_length,
+        num_threads=tk.threads,
+        unk_id=0,
+        bos_id=1,
+        eos_id=2,
+        pad_id=-1,
+        input_sentence_size=0,
+        shuffle_input_sentence=False,
+        train_extremely_large_corpus=False,
+        minloglevel=2,
+    )
+    if tk.lossless:
+        options.update(
+            normalization_rule_name="identity",
+            remove_extra_whitespaces=False,
+            allow_whitespace_only_pieces=True,
+            split_digits=True,
+        )
+    return options
+
+
+def train_model(texts: list[str], tk: DictConfig) -> bytes:
+    """Train a sentencepiece model on `texts`; returns the serialized model."""
+    import sentencepiece as spm
+
+    spm.set_random_generator_seed(tk.seed)
+    buffer = io.BytesIO()
+    try:
+        spm.SentencePieceTrainer.train(
+            sentence_iterator=_pieces(texts, tk.max_sentence_length),
+            model_writer=buffer,
+            **trainer_options(tk),
+        )
+    except RuntimeError as e:
+        raise RuntimeError(
+            f"tokenizer training failed (tokenizer.vocab_size={tk.vocab_size}?): {e}"
+        ) from e
+    return buffer.getvalue()
+
+
+def run(cfg: DictConfig) -> dict:
+    """Stage step: provide the run's tokenizer (train it, or copy tokenizer.model into the run)."""
+    if is_complete(cfg):
+        return files.read_json(meta_path(cfg))
+    started = time.time()
+    target = model_path(cfg)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tk = cfg.tokenizer
+    if tk.model:
+        with files.atomic_path(target) as tmp:
+            shutil.copyfile(tk.model, tmp)
+        meta = {"source": str(Path(tk.model).resolve()), "trained": False}
+    else:
+        spans = input_spans(cfg)
+        docs = (
+            item.text
+            for span in spans
+            for item in read(span, cfg.data.text_key, cfg.data.max_document_bytes)
+            if isinstance(item, Document)
+        )
+        sample = sample_documents(docs, tk.sample_documents, tk.seed)
+        if not sample:
+            raise RuntimeError("tokenizer: the corpus holds no valid document to train on")
+        model = train_model(sample, tk)
+        with files.atomic_path(target) as tmp:
+            tmp.write_bytes(model)
+        meta = {
+            "trained": True,
+            "sample_documents": len(sample),
+            "sample_bytes": sum(len(t.encode()) for t in sample),
+            "options": trainer_options(tk),
+        }
+    sp = load(target)
+    with files.atomic_path(target.with_suffix(".vocab")) as tmp:
+        tmp.write_text(
+            "".join(f"{sp.id_to_piece(i)}\t{sp.get_score(i)}\n" for i in range(sp.vocab_size())),
+            encoding="utf-8",
+        )
+    meta.update(
+        model=str(target),
+        vocab_size=sp.vocab_size(),
+        eod_id=sp.eos_id(),
+        sha256=files.sha256(target),
+        seconds=round(time.time() - started, 2),
+    )
+    files.write_json(meta_path(cfg), meta)
+    return meta

@@ -1,0 +1,271 @@
+"""The training stage: one loop for CPU and GPU around megatron-core's forward/backward
+schedules. What differs by hardware comes from the backend (pipeline.backend)."""
+
+from __future__ import annotations
+
+import json
+import math
+import signal
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from omegaconf import DictConfig, OmegaConf
+
+from pipeline import checkpoint, data, files, flops, report
+from pipeline.engine import Engine
+from pipeline.layout import RunLayout
+
+
+class StopRequest:
+    """SIGUSR1 (Slurm's warning before the time limit) or SIGTERM (preemption) asks the run to
+    save and exit; every rank acts on it at the same step boundary, once any rank has it."""
+
+    def __init__(self) -> None:
+        self.received: int | None = None
+        for sig in (signal.SIGUSR1, signal.SIGTERM):
+            signal.signal(sig, self._handle)
+
+    def _handle(self, signum, frame) -> None:
+        self.received = signum
+
+    def agreed(self, device: torch.device) -> bool:
+        flag = torch.tensor([1.0 if self.received else 0.0], device=device)
+        if dist.is_initialized():
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        return bool(flag.item())
+
+
+@dataclass
+class RunState:
+    step: int = 0
+    consumed_samples: int = 0
+    first_train_loss: float | None = None
+    last_train_loss: float | None = None
+    val_loss: float | None = None
+    best_val_loss: float | None = None
+    skipped_steps: int = 0
+    train_seconds: float = 0.0
+    tokens: int = 0
+    scheduler: dict = field(default_factory=dict)
+
+
+class Trainer(Engine):
+    def __init__(self, cfg: DictConfig):
+        from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
+
+        self.layout = RunLayout.of(cfg.workdir)
+        self.manifest = data.load_manifest(cfg)
+        super().__init__(cfg, self.manifest["vocab_size"])
+        self.optimizer = self.backend.optimizer(self.chunks, cfg)
+        t = cfg.train
+        self.scheduler = OptimizerParamScheduler(
+            self.optimizer,
+            init_lr=0.0,
+            max_lr=t.lr,
+            min_lr=t.min_lr,
+            lr_warmup_steps=t.warmup_steps,
+            lr_decay_steps=t.steps,
+            lr_decay_style=t.lr_decay_style,
+            start_wd=t.weight_decay,
+            end_wd=t.weight_decay,
+            wd_incr_steps=t.steps,
+            wd_incr_style="constant",
+            wsd_decay_steps=max(1, t.steps // 10),
+            lr_wsd_decay_style="linear",
+        )
+        self.flops_per_step = flops.flops_per_sequence(cfg, self.vocab_size) * t.global_batch_size
+        name = torch.cuda.get_device_name() if self.device.type == "cuda" else "cpu"
+        self.peak = flops.peak_tflops(name, t.precision)
+        self.state = RunState()
+
+    def train_step(self, iterators: list) -> tuple[float, float, bool]:
+        for chunk in self.chunks:
+            if hasattr(chunk, "zero_grad_buffer"):
+                chunk.zero_grad_buffer()
+        self.optimizer.zero_grad()
+        t = self.cfg.train
+        total = self.run_schedule(iterators, t.grad_accum, t.micro_batch_size, forward_only=False)
+        updated, grad_norm = self.optimizer.step()
+        if updated:
+            self.scheduler.step(1)
+        return float(total[0] / total[1].clamp(min=1)), float(grad_norm), updated
+
+    # --- checkpoints --------------------------------------------------------------------------
+
+    def resume(self) -> None:
+        folder = checkpoint.latest(self.layout.checkpoints)
+        if folder is None:
+            return
+        saved = checkpoint.load(folder, self.backend, self.chunks, self.optimizer)
+        self.state = RunState(**saved["run"])
+        self.scheduler.load_state_dict(self.state.scheduler)
+        self._log(f"resumed from {folder} at step {self.state.step}")
+
+    def save(self) -> None:
+        self.state.scheduler = self.scheduler.state_dict()
+        checkpoint.save(
+            self.layout.checkpoints,
+            self.state.step,
+            {"step": self.state.step, "val_loss": self.state.val_loss, "run": vars(self.state)},
+            self.backend,
+            self.chunks,
+            self.optimizer,
+            self.cfg.train.keep_last,
+        )
+
+    # --- logging ------------------------------------------------------------------------------
+
+    def _log(self, text: str) -> None:
+        if self.is_logger:
+            print(text, file=sys.stderr, flush=True)
+
+    def _record(self, writer, record: dict[str, Any]) -> None:
+        if not self.is_logger:
+            return
+        with open(self.layout.metrics, "a") as f:
+            f.write(json.dumps(record) + "\n")
+        if writer is not None:
+            for key, value in record.items():
+                if key != "step" and isinstance(value, (int, float)):
+                    writer.add_scalar(key, value, record["step"])
+
+    def _throughput(self, steps: int, seconds: float) -> dict[str, float]:
+        t, m = self.cfg.train, self.cfg.model
+        tokens = steps * t.global_batch_size * m.seq_length
+        world = dist.get_world_size() if dist.is_initialized() else 1
+        tflops = steps * self.flops_per_step / seconds / world / 1e12
+        out = {"tokens_per_s": tokens / seconds, "tflops_per_gpu": tflops}
+        if self.peak:
+            out["mfu"] = tflops / self.peak
+        if self.device.type == "cuda":
+            out["peak_mem_gib"] = torch.cuda.max_memory_allocated() / 2**30
+        return out
+
+    # --- the loop -----------------------------------------------------------------------------
+
+    def fit(self) -> dict:
+        cfg, t = self.cfg, self.cfg.train
+        self.layout.train_dir.mkdir(parents=True, exist_ok=True)
+        self.resume()
+        train_ds, valid_ds = data.train_valid_datasets(cfg, self.manifest)
+        iterators = self.iterators(train_ds, self.state.consumed_samples, t.micro_batch_size)
+        writer = self._tensorboard()
+        stop = StopRequest()
+        window_seconds, window_steps = 0.0, 0
+        tokens_per_step = t.global_batch_size * cfg.model.seq_length
+        while self.state.step < t.steps:
+            started = time.time()
+            loss, grad_norm, updated = self.train_step(iterators)  # reading the loss syncs
+            window_seconds += time.time() - started
+            st = self.state
+            st.step += 1
+            st.consumed_samples += t.global_batch_size
+            st.tokens += tokens_per_step
+            st.skipped_steps += not updated
+            if st.first_train_loss is None:
+                st.first_train_loss = loss
+            st.last_train_loss = loss
+            window_steps += 1
+            if st.step % t.log_interval == 0 or st.step == t.steps:
+                st.train_seconds += window_seconds
+                record = {
+                    "step": st.step,
+                    "tokens": st.tokens,
+                    "loss": loss,
+                    "grad_norm": grad_norm,
+                    "lr": self.optimizer.param_groups[0]["lr"],
+                    **self._throughput(window_steps, window_seconds),
+                }
+                self._record(writer, record)
+                self._log(_format(record, t.steps))
+                window_seconds, window_steps = 0.0, 0
+            due_save = st.step % t.save_interval == 0 or st.step == t.steps
+            st.val_loss = None  # the validation loss at this very step, if validated
+            if due_save or st.step % t.eval_interval == 0:
+                st.val_loss, _ = self.loss_over(valid_ds, t.micro_batch_size, t.eval_iters)
+                if st.best_val_loss is None or st.val_loss < st.best_val_loss:
+                    st.best_val_loss = st.val_loss
+                self._record(
+                    writer, {"step": st.step, "tokens": st.tokens, "val_loss": st.val_loss}
+                )
+                self._log(f"step {st.step}: validation loss {st.val_loss:.4f}")
+            stopping = stop.agreed(self.device)
+            if due_save or stopping:
+                self.save()
+            if stopping:
+                self._log(f"signal {stop.received}: saved step {st.step}, exiting for requeue")
+                return {"status": "interrupted", "step": st.step}
+        if writer is not None:
+            writer.close()
+        return self._finish()
+
+    def _tensorboard(self):
+        if not self.is_logger:
+            return None
+        try:
+            from torch.utils.tensorboard import SummaryWriter
+        except ImportError:
+            return None
+        return SummaryWriter(str(self.layout.tensorboard))
+
+    def _finish(self) -> dict:
+        st, t, m = self.state, self.cfg.train, self.cfg.model
+        best = checkpoint.best(self.layout.checkpoints)
+        best_record = files.read_json_or_none(self.layout.checkpoints / checkpoint.BEST) or {}
+        result = {
+            "status": "complete",
+            "train_steps": st.step,
+            "tokens": self.manifest["total"]["split_tokens"]["train"],
+            "trained_tokens": st.tokens,
+            "vocab_size": self.manifest["vocab_size"],
+            "first_train_loss": st.first_train_loss,
+            "last_train_loss": st.last_train_loss,
+            "best_val_loss": best_record.get("val_loss", st.best_val_loss),
+            "skipped_steps": st.skipped_steps,
+            "tokens_per_s": st.step
+            * t.global_batch_size
+            * m.seq_length
+            / max(st.train_seconds, 1e-9),
+            "best_checkpoint": str(best) if best else None,
+        }
+        if self.rank.is_first:
+            files.write_json(self.layout.train_done, result)
+            report.write_summary(self.layout)
+        return result
+
+
+def _format(r: dict, total_steps: int) -> str:
+    parts = [
+        f"step {r['step']}/{total_steps}",
+        f"loss {r['loss']:.4f}",
+        f"grad {r['grad_norm']:.3f}",
+        f"lr {r['lr']:.2e}",
+        f"{r['tokens_per_s']:,.0f} tok/s",
+        f"{r['tflops_per_gpu']:.2f} TFLOP/s/GPU",
+    ]
+    if "mfu" in r:
+        parts.append(f"MFU {100 * r['mfu']:.1f}%")
+    if "peak_mem_gib" in r:
+        parts.append(f"mem {r['peak_mem_gib']:.1f} GiB")
+    return " | ".join(parts)
+
+
+def is_complete(cfg: DictConfig) -> bool:
+    return RunLayout.of(cfg.workdir).train_done.exists()
+
+
+def run(cfg: DictConfig) -> dict:
+    """Stage entry point (every rank of the job calls it)."""
+    if is_complete(cfg):
+        return files.read_json(RunLayout.of(cfg.workdir).train_done)
+    trainer = Trainer(cfg)
+    if trainer.rank.is_first:
+        files.write_text(trainer.layout.train_dir / "config.yaml", OmegaConf.to_yaml(cfg))
+    result = trainer.fit()
+    if not math.isfinite(result.get("last_train_loss") or 0.0):
+        raise RuntimeError(f"training diverged: last loss {result['last_train_loss']}")
+    return result

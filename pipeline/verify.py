@@ -1,0 +1,96 @@
+"""After the tokenize array: check every shard, write manifest.json, prebuild the dataset
+index cache, so training jobs start without CPU-side index building."""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+
+import numpy as np
+from omegaconf import DictConfig
+
+from pipeline import distributed, files
+from pipeline.layout import RunLayout
+from pipeline.shards import plan
+from pipeline.tokenize import is_shard_complete, marker_path
+
+MAGIC = b"MMIDIDX\x00\x00"
+
+
+class CorruptShard(RuntimeError):
+    pass
+
+
+def check_shard(prefix: str, marker: dict, vocab_size: int) -> None:
+    """Magic, counts and token ids of one shard, read back through megatron-core."""
+    from megatron.core.datasets.indexed_dataset import IndexedDataset
+
+    with open(f"{prefix}.idx", "rb") as f:
+        if f.read(len(MAGIC)) != MAGIC:
+            raise CorruptShard(f"{prefix}.idx: not a Megatron index (bad magic)")
+    ds = IndexedDataset(prefix, mmap=True)
+    lengths = ds.sequence_lengths
+    if int(np.asarray(lengths, dtype=np.int64).sum()) != marker["tokens"]:
+        raise CorruptShard(f"{prefix}: token count differs from its marker")
+    if len(lengths) != marker["documents"]:
+        raise CorruptShard(f"{prefix}: {len(lengths)} sequences, marker says {marker['documents']}")
+    tokens = np.memmap(f"{prefix}.bin", dtype=ds.index.dtype, mode="r")
+    if tokens.size and int(tokens.max()) >= vocab_size:
+        raise CorruptShard(f"{prefix}.bin: token id {int(tokens.max())} >= vocab size {vocab_size}")
+
+
+def is_complete(cfg: DictConfig) -> bool:
+    return RunLayout.of(cfg.workdir).manifest.exists()
+
+
+def run(cfg: DictConfig) -> dict:
+    from pipeline import data
+    from pipeline.tokenizer import meta_path
+
+    layout = RunLayout.of(cfg.workdir)
+    if is_complete(cfg):
+        return files.read_json(layout.manifest)
+    started = time.time()
+    tok = files.read_json(meta_path(cfg))
+    shards, totals, rejected = [], Counter(), Counter()
+    for index in range(len(plan(cfg))):
+        prefix = layout.shard_prefix(index)
+        if not is_shard_complete(prefix):
+            raise CorruptShard(f"shard {index} ({prefix}) is missing or incomplete: rerun tokenize")
+        marker = files.read_json(marker_path(prefix))
+        check_shard(str(prefix), marker, tok["vocab_size"])
+        shards.append(
+            {
+                "prefix": str(prefix),
+                "split_tokens": data.split_tokens(str(prefix), cfg.data.split),
+                **{
+                    k: marker[k] for k in ("documents", "tokens", "bytes_in", "rejected", "seconds")
+                },
+            }
+        )
+        totals.update({k: marker[k] for k in ("documents", "tokens", "bytes_in")})
+        rejected.update(marker["rejected"])
+    manifest = {
+        "tokenizer": tok["model"],
+        "tokenizer_sha256": tok["sha256"],
+        "vocab_size": tok["vocab_size"],
+        "eod_id": tok["eod_id"],
+        "split": cfg.data.split,
+        "shards": shards,
+        "total": {
+            **totals,
+            "rejected": dict(rejected),
+            "split_tokens": {
+                name: sum(s["split_tokens"][name] for s in shards) for name in data.SPLITS
+            },
+            "tokenize_seconds": round(sum(s["seconds"] for s in shards), 2),
+        },
+    }
+    data.check_splits(manifest, cfg)
+    distributed.init("gloo")  # megatron-core's blended dataset asks for a rank even alone
+    data.train_valid_datasets(cfg, manifest)
+    if "evaluate" in cfg.stages:
+        data.test_dataset(cfg, manifest)
+    manifest["total"]["verify_seconds"] = round(time.time() - started, 2)
+    files.write_json(layout.manifest, manifest)  # last: a manifest means the data is ready
+    return manifest
