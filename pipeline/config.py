@@ -126,6 +126,7 @@ class ClusterConfig:
     executor: str = "inprocess"  # local: inprocess | subprocess; slurm: slurm
     nodes: int = 1
     gpus_per_node: int = 0
+    tasks_per_node: int | None = None  # training ranks per node; None: one per GPU (1 on CPU)
     cpus_per_task: int = 2
     mem_gb: int | None = None
     partition: str | None = None
@@ -166,10 +167,13 @@ def _one_of(cfg: DictConfig, key: str, allowed: tuple[str, ...]) -> None:
     _require(value in allowed, key, f"{value!r} is not one of {', '.join(allowed)}")
 
 
+def tasks_per_node(cfg: DictConfig) -> int:
+    return cfg.cluster.tasks_per_node or cfg.cluster.gpus_per_node or 1
+
+
 def world_size(cfg: DictConfig) -> int:
-    """Ranks of the training job: one per GPU, or cluster.nodes x tasks on CPU."""
-    per_node = cfg.cluster.gpus_per_node or 1
-    return cfg.cluster.nodes * per_node
+    """Ranks of the training job: nodes x tasks per node (one task per GPU)."""
+    return cfg.cluster.nodes * tasks_per_node(cfg)
 
 
 def data_parallel_size(cfg: DictConfig) -> int:
@@ -203,6 +207,12 @@ def validate(cfg: DictConfig) -> DictConfig:
         _require(t[key] > 0, f"train.{key}", "must be positive")
     _require(t.keep_last >= 1, "train.keep_last", "must be at least 1")
     _one_of(cfg, "cluster.name", ("local", "slurm"))
+    gpus, tasks = cfg.cluster.gpus_per_node, cfg.cluster.tasks_per_node
+    _require(
+        not gpus or not tasks or tasks == gpus,
+        "cluster.tasks_per_node",
+        f"{tasks} != cluster.gpus_per_node={gpus} (one task per GPU)",
+    )
     allowed = ("inprocess", "subprocess") if cfg.cluster.name == "local" else ("slurm",)
     _one_of(cfg, "cluster.executor", allowed)
     ckpt = str(cfg.eval.checkpoint)

@@ -92,15 +92,16 @@ def check_splits(manifest: dict, cfg: DictConfig) -> None:
 def _config(cfg: DictConfig, manifest: dict, weighted: bool):
     from megatron.core.datasets.gpt_dataset import GPTDatasetConfig
 
+    layout = RunLayout.of(cfg.workdir)
     shards = manifest["shards"]
-    prefixes = [s["prefix"] for s in shards]
+    prefixes = [str(layout.root / s["prefix"]) for s in shards]
     weights = [float(s["split_tokens"]["train"]) for s in shards] if weighted else None
     return GPTDatasetConfig(
         random_seed=cfg.train.seed,
         sequence_length=cfg.model.seq_length,
         blend=(prefixes, weights),
         split=cfg.data.split,
-        path_to_cache=str(RunLayout.of(cfg.workdir).index_cache),
+        path_to_cache=str(layout.index_cache),
         tokenizer=Tokenizer(manifest["vocab_size"], manifest["eod_id"]),
         reset_position_ids=False,
         reset_attention_mask=False,

@@ -19,12 +19,25 @@ def export_distributed_env() -> None:
         submitit.helpers.TorchDistributedEnvironment().export(set_cuda_visible_devices=False)
 
 
+def share_cpu_threads() -> None:
+    """Ranks of one node share its CPUs: without this each would start a thread per core."""
+    import submitit
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    env = submitit.JobEnvironment()
+    per_node = max(1, env.num_tasks // max(1, env.num_nodes))
+    torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) // per_node))
+
+
 class DistributedTask:
     def __init__(self, fn: Callable[[DictConfig], Any], cfg: DictConfig):
         self.fn, self.cfg = fn, cfg
 
     def __call__(self) -> Any:
         export_distributed_env()
+        share_cpu_threads()
         return self.fn(self.cfg)
 
 

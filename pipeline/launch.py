@@ -78,7 +78,7 @@ def run_subprocess(steps: list[Step], cfg: DictConfig) -> None:
             submitted = [executor.submit(jobs.DistributedTask(step.run, cfg))]
         _say(f"{step.name}: {len(submitted)} job(s), logs under {submitted[0].paths.folder}")
         for job in submitted:
-            job.result()
+            job.results()
         _say(f"{step.name}: done in {time.time() - started:.1f} s")
 
 

@@ -61,7 +61,7 @@ def run(cfg: DictConfig) -> dict:
         check_shard(str(prefix), marker, tok["vocab_size"])
         shards.append(
             {
-                "prefix": str(prefix),
+                "prefix": str(prefix.relative_to(layout.root)),  # the run folder can move
                 "split_tokens": data.split_tokens(str(prefix), cfg.data.split),
                 **{
                     k: marker[k] for k in ("documents", "tokens", "bytes_in", "rejected", "seconds")

@@ -1,0 +1,66 @@
+"""Shared fixtures: configs composed exactly as the command line composes them, and one small
+tokenized run (built-in corpus, real sentencepiece, real megatron-core shards) reused by tests."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+from omegaconf import DictConfig
+
+from pipeline import config
+
+CONF = Path(__file__).resolve().parents[1] / "conf"
+config.register()
+
+# Small enough for seconds on 2 cores, large enough for every split to hold sequences.
+SMALL = [
+    "data.builtin_corpus_bytes=600000",
+    "data.num_shards=2",
+    "tokenizer.vocab_size=512",
+    "model.seq_length=64",
+    "model.num_layers=2",
+    "model.hidden_size=64",
+    "model.num_attention_heads=4",
+    "model.num_query_groups=2",
+    "model.ffn_hidden_size=192",
+    "train.micro_batch_size=4",
+    "train.global_batch_size=8",
+    "train.steps=20",
+    "train.warmup_steps=2",
+    "train.log_interval=5",
+    "train.eval_interval=10",
+    "train.save_interval=10",
+    "train.eval_iters=4",
+]
+
+
+def make_config(workdir: Path | str, *overrides: str, validate: bool = True) -> DictConfig:
+    with initialize_config_dir(config_dir=str(CONF), version_base=None):
+        cfg = compose("config", overrides=[f"workdir={workdir}", *overrides])
+    return config.validate(cfg) if validate else cfg
+
+
+@pytest.fixture(scope="session")
+def tokenized(tmp_path_factory) -> DictConfig:
+    """A run whose tokenize stage is complete: corpus, tokenizer, 2 shards, manifest."""
+    from pipeline import graph
+
+    cfg = make_config(tmp_path_factory.mktemp("run"), *SMALL)
+    for step in graph.build(cfg):
+        if step.name in ("tokenizer", "tokenize", "verify"):
+            for index in range(step.array) if step.array else [None]:
+                step.run(cfg) if index is None else step.run(cfg, index)
+    return cfg
+
+
+@pytest.fixture
+def run_copy(tokenized, tmp_path) -> DictConfig:
+    """The tokenized run's data, linked into a fresh workdir for a test that trains."""
+    import shutil
+
+    src = Path(tokenized.workdir)
+    for name in ("tokenizer", "data", "corpus"):
+        shutil.copytree(src / name, tmp_path / name, symlinks=True)
+    return make_config(tmp_path, *SMALL)

@@ -1,0 +1,83 @@
+"""The training loop on CPU: the model learns, checkpoints resume the exact loss curve, and
+damaged checkpoints are never loaded."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import shutil
+
+import pytest
+
+from pipeline import checkpoint, data, evaluate, files, train
+from pipeline.layout import RunLayout
+
+
+def _losses(cfg) -> dict[int, float]:
+    lines = RunLayout.of(cfg.workdir).metrics.read_text().splitlines()
+    return {r["step"]: r["loss"] for r in map(json.loads, lines) if "loss" in r}
+
+
+def test_loss_falls_on_a_fixed_batch(run_copy):
+    run_copy.train.steps = 200  # keep the learning rate up: the schedule spans the run
+    trainer = train.Trainer(run_copy)
+    dataset, _ = data.train_valid_datasets(run_copy)
+    batch = next(iter(trainer.iterators(dataset, 0, run_copy.train.micro_batch_size)[0]))
+    losses = [trainer.train_step([itertools.repeat(batch)])[0] for _ in range(40)]
+    assert losses[-1] < 0.3 * losses[0], losses
+
+
+def test_resume_from_a_checkpoint_reproduces_the_loss_curve(run_copy):
+    cfg = run_copy
+    cfg.train.log_interval = 1
+    first = train.run(cfg)
+    assert first["status"] == "complete"
+    uninterrupted = _losses(cfg)
+    assert sorted(uninterrupted) == list(range(1, cfg.train.steps + 1))
+
+    layout = RunLayout.of(cfg.workdir)
+    shutil.rmtree(layout.checkpoints / checkpoint.folder_name(20))  # as if killed after step 10
+    layout.train_done.unlink()
+    layout.metrics.unlink()
+    resumed = train.run(cfg)
+    assert resumed["status"] == "complete"
+    replay = _losses(cfg)
+    assert sorted(replay) == list(range(11, 21))
+    assert all(replay[s] == uninterrupted[s] for s in replay), (replay, uninterrupted)
+
+
+def test_best_checkpoint_has_the_lowest_validation_loss_and_survives_retention(run_copy):
+    cfg = run_copy
+    cfg.train.steps = 30
+    cfg.train.keep_last = 1
+    train.run(cfg)
+    root = RunLayout.of(cfg.workdir).checkpoints
+    saved = sorted(p.name for p in root.glob("iter_*"))
+    best = files.read_json(root / checkpoint.BEST)
+    assert best["name"] in saved
+    assert saved[-1] == checkpoint.folder_name(30)
+    assert len(saved) <= 2  # the newest, plus the best if it is another
+    metrics = [
+        json.loads(line) for line in RunLayout.of(cfg.workdir).metrics.read_text().splitlines()
+    ]
+    val = {r["step"]: r["val_loss"] for r in metrics if "val_loss" in r}
+    assert best["val_loss"] == min(val[s] for s in (10, 20, 30))
+    result = evaluate.run(cfg)
+    assert result["checkpoint"] == str(root / best["name"])
+    assert result["test_ppl"] < 512  # far below the vocabulary size
+
+
+def test_damaged_or_incomplete_checkpoints_are_skipped(run_copy):
+    cfg = run_copy
+    train.run(cfg)
+    root = RunLayout.of(cfg.workdir).checkpoints
+    newest = root / checkpoint.folder_name(20)
+    older = root / checkpoint.folder_name(10)
+    assert checkpoint.latest(root) == newest
+    model_file = newest / "model.pt"
+    model_file.write_bytes(model_file.read_bytes()[:100])  # truncated
+    with pytest.warns(UserWarning, match="incomplete or damaged"):
+        assert checkpoint.latest(root) == older
+    (root / "iter_0000030").mkdir()  # a save that died before COMPLETE.json
+    with pytest.warns(UserWarning):
+        assert checkpoint.latest(root) == older
