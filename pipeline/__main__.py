@@ -60,5 +60,20 @@ def main(cfg: DictConfig) -> int:
         sys.exit(2)
 
 
+def choose_cluster(argv: list[str]) -> None:
+    """With no cluster named and sbatch on PATH, this is a login node: submit to Slurm."""
+    import shutil
+
+    if not any(arg.startswith(("cluster=", "+cluster=")) for arg in argv) and shutil.which(
+        "sbatch"
+    ):
+        argv.append("cluster=slurm")
+        print(
+            "[pipeline] sbatch found: cluster=slurm (pass cluster=local to run here)",
+            file=sys.stderr,
+        )
+
+
 if __name__ == "__main__":
+    choose_cluster(sys.argv)
     main()

@@ -226,6 +226,8 @@ class CpuBackend:
         return _CudaAllocationsOnCpu()
 
     def save(self, folder: Path, chunks: list[torch.nn.Module], optimizer: Any) -> None:
+        if torch.distributed.is_initialized() and torch.distributed.get_rank() != 0:
+            return  # data-parallel replicas hold the same weights and optimizer state
         torch.save([c.state_dict() for c in chunks], folder / "model.pt")
         if optimizer is not None:
             torch.save(optimizer.state_dict(), folder / "optimizer.pt")

@@ -106,7 +106,7 @@ class TrainConfig:
     log_interval: int = 10
     eval_interval: int = 100
     eval_iters: int = 10  # validation micro-batches per data-parallel rank, the same each time
-    save_interval: int = 200
+    save_interval: int = 200  # 0: no checkpoints (benchmarks)
     keep_last: int = 2  # checkpoints kept besides the best one
     threads: int | None = None  # CPU threads per rank; None: torch's default
     exit_signal_lead_s: int = 120  # Slurm sends SIGUSR1 this long before the time limit
@@ -203,8 +203,9 @@ def validate(cfg: DictConfig) -> DictConfig:
     _require(t.steps > 0, "train.steps", "must be positive")
     _require(0 <= t.warmup_steps < t.steps, "train.warmup_steps", "must be in [0, train.steps)")
     _require(0 <= t.min_lr <= t.lr, "train.min_lr", "must be in [0, train.lr]")
-    for key in ("log_interval", "eval_interval", "save_interval", "eval_iters"):
+    for key in ("log_interval", "eval_interval", "eval_iters"):
         _require(t[key] > 0, f"train.{key}", "must be positive")
+    _require(t.save_interval >= 0, "train.save_interval", "must be >= 0 (0: no checkpoints)")
     _require(t.keep_last >= 1, "train.keep_last", "must be at least 1")
     _one_of(cfg, "cluster.name", ("local", "slurm"))
     gpus, tasks = cfg.cluster.gpus_per_node, cfg.cluster.tasks_per_node

@@ -14,7 +14,7 @@ from typing import Any
 from omegaconf import DictConfig
 
 from pipeline import corpus, evaluate, shards, tokenize, tokenizer, train, verify
-from pipeline.config import world_size
+from pipeline.config import tasks_per_node
 from pipeline.layout import RunLayout
 
 
@@ -24,8 +24,15 @@ class Step:
     run: Callable[..., Any]  # run(cfg) or, for an array, run(cfg, task_index)
     is_complete: Callable[[DictConfig], bool]
     array: int = 0  # number of array tasks; 0 for a single job
-    ranks: int = 1  # processes of a distributed job (training, evaluation)
-    uses_gpus: bool = False
+    nodes: int = 1
+    tasks_per_node: int = 1  # processes per node (one per GPU for training)
+    gpus_per_node: int = 0
+    time_limit: str = "01:00:00"
+    requeue: bool = False  # saves and requeues itself when signalled before its time limit
+
+    @property
+    def ranks(self) -> int:
+        return self.nodes * self.tasks_per_node
 
 
 def prepare_inputs(cfg: DictConfig) -> None:
@@ -39,28 +46,51 @@ def prepare_inputs(cfg: DictConfig) -> None:
 
 def _shards_complete(cfg: DictConfig) -> bool:
     layout = RunLayout.of(cfg.workdir)
+    if not shards.plan_path(cfg).exists():
+        return False
     return all(
         tokenize.is_shard_complete(layout.shard_prefix(i)) for i in range(len(shards.plan(cfg)))
     )
 
 
-def build(cfg: DictConfig) -> list[Step]:
-    """Every step the configured stages need, complete ones included (see `pending`)."""
+def build(cfg: DictConfig, prepare: bool = True) -> list[Step]:
+    """Every step the configured stages need, complete ones included (see `pending`).
+    With prepare=False nothing is written: a run not yet planned shows an empty array."""
+    c = cfg.cluster
     steps: list[Step] = []
     if "tokenize" in cfg.stages:
-        prepare_inputs(cfg)
+        if prepare:
+            prepare_inputs(cfg)
+        cpu = dict(time_limit=c.cpu_time_limit)
+        array = len(shards.plan(cfg)) if shards.plan_path(cfg).exists() else 0
         steps += [
-            Step("tokenizer", tokenizer.run, tokenizer.is_complete),
-            Step("tokenize", tokenize.run_task, _shards_complete, array=len(shards.plan(cfg))),
-            Step("verify", verify.run, verify.is_complete),
+            Step("tokenizer", tokenizer.run, tokenizer.is_complete, **cpu),
+            Step("tokenize", tokenize.run_task, _shards_complete, array=array, **cpu),
+            Step("verify", verify.run, verify.is_complete, **cpu),
         ]
-    gpus = cfg.cluster.gpus_per_node > 0
     if "train" in cfg.stages:
         steps.append(
-            Step("train", train.run, train.is_complete, ranks=world_size(cfg), uses_gpus=gpus)
+            Step(
+                "train",
+                train.run,
+                train.is_complete,
+                nodes=c.nodes,
+                tasks_per_node=tasks_per_node(cfg),
+                gpus_per_node=c.gpus_per_node,
+                time_limit=c.time_limit,
+                requeue=True,
+            )
         )
     if "evaluate" in cfg.stages:
-        steps.append(Step("evaluate", evaluate.run, evaluate.is_complete, uses_gpus=gpus))
+        steps.append(
+            Step(
+                "evaluate",
+                evaluate.run,
+                evaluate.is_complete,
+                gpus_per_node=min(1, c.gpus_per_node),
+                time_limit=c.time_limit,
+            )
+        )
     return steps
 
 

@@ -4,6 +4,8 @@ torch.distributed variables, then call a stage. Picklable, so submitit can ship 
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -38,7 +40,25 @@ class DistributedTask:
     def __call__(self) -> Any:
         export_distributed_env()
         share_cpu_threads()
-        return self.fn(self.cfg)
+        result = self.fn(self.cfg)
+        if isinstance(result, dict) and result.get("status") == "interrupted":
+            requeue(self.cfg)
+        return result
+
+
+def requeue(cfg: DictConfig) -> None:
+    """The stage saved and stopped on a signal: put the job back in the queue (once, from the
+    first rank), up to train.max_requeues times. Slurm restarts it under the same job id."""
+    import submitit
+
+    env = submitit.JobEnvironment()
+    if env.cluster != "slurm" or env.global_rank != 0:
+        return
+    restarts = int(os.environ.get("SLURM_RESTART_COUNT", 0))
+    if restarts >= cfg.train.max_requeues:
+        raise RuntimeError(f"not requeued: {restarts} requeues reached train.max_requeues")
+    subprocess.run(["scontrol", "requeue", env.job_id], check=True, timeout=60)
+    print(f"requeued job {env.job_id} (restart {restarts + 1})", file=sys.stderr, flush=True)
 
 
 class ArrayTask:

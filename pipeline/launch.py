@@ -11,6 +11,7 @@ import time
 
 from omegaconf import DictConfig
 
+from pipeline import files
 from pipeline.graph import Step
 from pipeline.layout import RunLayout
 
@@ -82,10 +83,81 @@ def run_subprocess(steps: list[Step], cfg: DictConfig) -> None:
         _say(f"{step.name}: done in {time.time() - started:.1f} s")
 
 
+def _minutes(limit: str) -> int:
+    """Slurm's [days-]hours:minutes:seconds (or minutes) as whole minutes."""
+    days, _, rest = limit.rpartition("-")
+    parts = [int(p) for p in rest.split(":")]
+    if len(parts) == 1:
+        return int(days or 0) * 1440 + parts[0]
+    parts = ([0] * (3 - len(parts))) + parts
+    hours, minutes, seconds = parts
+    return int(days or 0) * 1440 + hours * 60 + minutes + (1 if seconds else 0)
+
+
+def slurm_parameters(cfg: DictConfig, step: Step) -> dict:
+    """sbatch options for one step: its resources from the graph, the rest from conf/cluster."""
+    c = cfg.cluster
+    extra = {"kill-on-invalid-dep": "yes", **dict(c.sbatch_extra)}
+    extra.update({key: c[key] for key in ("account", "qos") if c[key]})
+    params = dict(
+        job_name=f"pretrain-{step.name}",
+        partition=c.partition,
+        nodes=step.nodes,
+        ntasks_per_node=step.tasks_per_node,
+        cpus_per_task=c.cpus_per_task,
+        gpus_per_node=step.gpus_per_node or None,
+        mem=f"{c.mem_gb}G" if c.mem_gb else None,
+        time=_minutes(step.time_limit),
+        setup=list(c.setup),
+        array_parallelism=c.array_parallelism,
+        additional_parameters=extra,
+    )
+    if step.requeue:
+        # Slurm signals every task this long before the time limit; the loop saves and requeues.
+        params["signal_delay_s"] = cfg.train.exit_signal_lead_s
+        extra["requeue"] = True
+    return {k: v for k, v in params.items() if v is not None}
+
+
+def submit_slurm(steps: list[Step], cfg: DictConfig) -> dict[str, list[str]]:
+    """Submit every step at once, each held by `afterok` on the one before; returns job ids."""
+    import submitit
+
+    from pipeline import jobs
+
+    layout = RunLayout.of(cfg.workdir)
+    submitted: dict[str, list[str]] = {}
+    previous: str | None = None
+    for step in steps:
+        executor = submitit.SlurmExecutor(folder=str(layout.logs / "jobs" / step.name / "%j"))
+        params = slurm_parameters(cfg, step)
+        if previous:
+            params["additional_parameters"]["dependency"] = f"afterok:{previous}"
+        executor.update_parameters(**params)
+        if step.array:
+            array = executor.map_array(jobs.ArrayTask(step.run, cfg), range(step.array))
+            ids = [job.job_id for job in array]
+            previous = ids[0].split("_")[0]
+        else:
+            job = executor.submit(jobs.DistributedTask(step.run, cfg))
+            ids = [job.job_id]
+            previous = job.job_id
+        submitted[step.name] = ids
+        _say(
+            f"{step.name}: submitted job {previous}"
+            + (f" ({len(ids)} array tasks)" if step.array else "")
+        )
+    return submitted
+
+
 def run(steps: list[Step], cfg: DictConfig) -> None:
     if cfg.cluster.executor == "inprocess":
         run_inprocess(steps, cfg)
     elif cfg.cluster.executor == "subprocess":
         run_subprocess(steps, cfg)
     else:
-        raise ValueError(f"cluster.executor={cfg.cluster.executor} is not supported here yet")
+        submitted = submit_slurm(steps, cfg)
+        jobs_file = RunLayout.of(cfg.workdir).root / "jobs.json"
+        history = files.read_json_or_none(jobs_file) or []
+        history.append({"submitted": time.strftime("%Y-%m-%dT%H:%M:%S"), "jobs": submitted})
+        files.write_json(jobs_file, history)

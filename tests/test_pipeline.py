@@ -14,7 +14,7 @@ ROOT = CONF.parent
 
 def pipeline(*args: str) -> subprocess.CompletedProcess:
     result = subprocess.run(
-        [sys.executable, "-m", "pipeline", *args],
+        [sys.executable, "-m", "pipeline", "cluster=local", *args],
         cwd=ROOT,
         capture_output=True,
         text=True,

@@ -24,7 +24,8 @@ def test_every_config_file_composes(group, option, tmp_path):
         corpus = tmp_path / "c.jsonl"
         corpus.write_text('{"text": "hello"}\n')
         overrides.append(f"data.inputs=[{corpus}]")
-    if group == "model" and option != "tiny":  # big models: a layout that divides their shapes
+    if (group == "model" and option != "tiny") or option == "gpu-cluster":
+        # a layout that divides the big shapes and a batch that divides across 16 GPUs
         overrides += ["cluster.gpus_per_node=8", "train.global_batch_size=256"]
     cfg = make_config(tmp_path, *overrides)
     assert cfg[group] is not None
@@ -74,7 +75,7 @@ def test_invalid_config_names_the_key(overrides, key, tmp_path):
 
 def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "pipeline", *args],
+        [sys.executable, "-m", "pipeline", "cluster=local", *args],
         cwd=cwd,
         capture_output=True,
         text=True,
