@@ -132,7 +132,7 @@ class TransformerEngineBackend:
         model_state = {}
         for i, chunk in enumerate(chunks):
             key = "model" if len(chunks) == 1 else f"model{i}"
-            model_state[key] = chunk.sharded_state_dict()
+            model_state[key] = _unwrap(chunk).sharded_state_dict()
         state = dict(model_state)
         if optimizer is not None:
             # fully reshardable: a checkpoint saved under one layout resumes under another
@@ -159,9 +159,17 @@ class TransformerEngineBackend:
             self._sharded_state(chunks, optimizer, True), str(folder / "dist")
         )
         for i, chunk in enumerate(chunks):
-            chunk.load_state_dict(state["model" if len(chunks) == 1 else f"model{i}"])
+            _unwrap(chunk).load_state_dict(state["model" if len(chunks) == 1 else f"model{i}"])
         if optimizer is not None:
             optimizer.inner.load_state_dict(state["optimizer"])
+
+
+def _unwrap(chunk: torch.nn.Module) -> torch.nn.Module:
+    """The GPTModel inside DistributedDataParallel and Float16Module: checkpoint keys then do
+    not depend on the wrappers."""
+    while hasattr(chunk, "module"):
+        chunk = chunk.module
+    return chunk
 
 
 class _StepAdapter:
