@@ -37,8 +37,9 @@ class TransformerEngineBackend:
     def transformer_options(self, cfg: DictConfig) -> dict[str, Any]:
         t = cfg.train
         options: dict[str, Any] = dict(
-            use_cpu_initialization=False,
-            bias_activation_fusion=True,
+            use_cpu_initialization=cfg.train.init_on_cpu,
+            # the fused bias-GeLU kernel needs a bias; SwiGLU fuses without one
+            bias_activation_fusion=cfg.model.add_bias_linear or cfg.model.activation == "swiglu",
             bias_dropout_fusion=True,
             masked_softmax_fusion=True,
             persist_layer_norm=True,

@@ -102,6 +102,9 @@ class TrainConfig:
     recompute: str = "none"  # none | selective | full
     recompute_layers: int | None = None  # with full recompute: layers recomputed per stage
     device: str = "auto"  # auto | cpu | cuda
+    # Initialise whole weights on the CPU, then shard them: the same initial model under any
+    # tensor-parallel layout (slower to start for large models).
+    init_on_cpu: bool = False
     seed: int = 1234
     log_interval: int = 10
     eval_interval: int = 100

@@ -58,9 +58,7 @@ def _local_executor(cfg: DictConfig, step: Step):
     folder = RunLayout.of(cfg.workdir).logs / "jobs" / step.name / "%j"
     executor = submitit.LocalExecutor(folder=str(folder))
     executor.update_parameters(
-        timeout_min=24 * 60,
-        tasks_per_node=step.ranks,
-        gpus_per_node=cfg.cluster.gpus_per_node if step.uses_gpus else 0,
+        timeout_min=24 * 60, tasks_per_node=step.ranks, gpus_per_node=step.gpus_per_node
     )
     return executor
 

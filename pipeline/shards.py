@@ -62,7 +62,13 @@ def plan_path(cfg: DictConfig) -> Path:
 
 
 def plan(cfg: DictConfig) -> list[list[Span]]:
-    """The run's shard plan, made on first use and read back afterwards."""
+    """The run's shard plan, made on first use and read back afterwards. Paths inside the run
+    folder are kept relative to it, so a run folder can be moved or copied."""
+    root = RunLayout.of(cfg.workdir).root
+
+    def portable(path: str) -> str:
+        return os.path.relpath(path, root) if Path(path).is_relative_to(root) else path
+
     path = plan_path(cfg)
     saved = files.read_json_or_none(path)
     paths = input_paths(cfg)
@@ -70,14 +76,16 @@ def plan(cfg: DictConfig) -> list[list[Span]]:
         sizes = [(p, os.path.getsize(p)) for p in paths]
         shards = make_plan(sizes, cfg.data.num_shards)
         saved = {
-            "inputs": dict(sizes),
+            "inputs": {portable(p): size for p, size in sizes},
             "num_shards": cfg.data.num_shards,
-            "shards": [[[s.path, s.start, s.end] for s in spans] for spans in shards],
+            "shards": [[[portable(s.path), s.start, s.end] for s in spans] for spans in shards],
         }
         files.write_json(path, saved)
-    elif sorted(saved["inputs"]) != paths or saved["num_shards"] != cfg.data.num_shards:
+    elif sorted(saved["inputs"]) != sorted(map(portable, paths)) or (
+        saved["num_shards"] != cfg.data.num_shards
+    ):
         raise RuntimeError(
             f"data.inputs or data.num_shards changed since {path} was planned; "
             "use a new workdir (or delete the data folder) to tokenize a different corpus"
         )
-    return [[Span(p, s, e) for p, s, e in spans] for spans in saved["shards"]]
+    return [[Span(str(root / p), s, e) for p, s, e in spans] for spans in saved["shards"]]

@@ -183,7 +183,9 @@ class Trainer(Engine):
                 self._record(writer, record)
                 self._log(_format(record, t.steps))
                 window_seconds, window_steps = 0.0, 0
-            due_save = t.save_interval > 0 and (st.step % t.save_interval == 0 or st.step == t.steps)
+            due_save = t.save_interval > 0 and (
+                st.step % t.save_interval == 0 or st.step == t.steps
+            )
             st.val_loss = None  # the validation loss at this very step, if validated
             if due_save or st.step % t.eval_interval == 0 or st.step == t.steps:
                 st.val_loss, _ = self.loss_over(valid_ds, t.micro_batch_size, t.eval_iters)

@@ -37,11 +37,12 @@ usage() {
 
 # ---------------------------------------------------------------- helpers
 
-# Set all per-DIR paths; DIR is made absolute so the printed SLURM_CONF works anywhere.
+# Set all per-DIR paths (fails if DIR does not exist); DIR is made absolute so the
+# printed SLURM_CONF works from any working directory.
 set_paths() {
     local dir="$1"
     [[ "${dir}" =~ [[:space:]] ]] && die "DIR must not contain whitespace: '${dir}'"
-    mkdir -p "${dir}"
+    [[ -d "${dir}" ]] || return 1
     D="$(cd "${dir}" && pwd -P)"
     # Unix socket paths are limited to 108 bytes; slurmstepd sockets live in the spool dir.
     (( ${#D} <= 70 )) || die "DIR path too long for unix sockets (${#D} > 70 chars): ${D}"
@@ -74,16 +75,26 @@ pidfile_of() {
 }
 DAEMONS=(munged mariadbd slurmdbd slurmctld slurmd)
 
+# Whether pid $1 is a running (not zombie) process named $2. Checking the name
+# guards against a stale pid file whose pid was reused by something else.
+is_running() {
+    local pid="$1" name="$2" comm line state
+    read -r comm 2>/dev/null <"/proc/${pid}/comm" || return 1
+    [[ "${comm}" == "${name}" ]] || return 1
+    read -r line 2>/dev/null <"/proc/${pid}/stat" || return 1
+    # The field after the ")" that closes comm is the state; Z/X: exited, not reaped.
+    read -r state _ <<<"${line##*) }"
+    [[ "${state}" != [ZX] ]]
+}
+
 # Print the pid of daemon $1 if its pid file names a live process with that name.
-# Checking the name guards against a stale pid file whose pid was reused.
 live_pid() {
-    local name="$1" file pid comm
+    local name="$1" file pid=""
     file="$(pidfile_of "${name}")"
     [[ -s "${file}" ]] || return 1
     read -r pid <"${file}" || true
     [[ "${pid}" =~ ^[0-9]+$ ]] || return 1
-    comm="$(cat "/proc/${pid}/comm" 2>/dev/null)" || return 1
-    [[ "${comm}" == "${name}" ]] || return 1
+    is_running "${pid}" "${name}" || return 1
     echo "${pid}"
 }
 
@@ -164,7 +175,7 @@ stop_daemons() {
     done
     local i deadline=$((SECONDS + timeout))
     for i in "${!pids[@]}"; do
-        while [[ "$(cat "/proc/${pids[i]}/comm" 2>/dev/null)" == "${names[i]}" ]]; do
+        while is_running "${pids[i]}" "${names[i]}"; do
             if ((SECONDS >= deadline)); then
                 log "${names[i]} ignored SIGTERM for ${timeout}s, sending SIGKILL"
                 kill -KILL "${pids[i]}" 2>/dev/null || true
@@ -282,6 +293,7 @@ EOF
 write_my_cnf() {
     local mysql_port="$1"
     # Small, unsafe-but-fast InnoDB settings: this database is throwaway test state.
+    # slurmdbd logs "Database settings not recommended values" for them; harmless.
     cat >"${MY_CNF}" <<EOF
 [mysqld]
 user=root
@@ -319,7 +331,9 @@ start_munged() {
     fi
     chmod 600 "${MUNGE_KEY}"
     log "starting munged"
-    spawn "${LOG}/munged.out" munged \
+    # --force: munged insists that everyone can reach its socket, but DIR may sit
+    # under a private (700) temp dir; every client here runs as root anyway.
+    spawn "${LOG}/munged.out" munged --force \
         --socket="${MUNGE_SOCKET}" \
         --key-file="${MUNGE_KEY}" \
         --log-file="${LOG}/munged.log" \
@@ -388,7 +402,8 @@ start_slurmd() {
         fail_with_log slurmd "${LOG}/slurmd.log"
 }
 
-node_idle() { [[ "$(sinfo -h -o %T 2>/dev/null)" == "idle" ]]; }
+# Idle on a fresh cluster; jobs recovered from an earlier run may keep it busy.
+node_ready() { [[ "$(sinfo -h -o %T 2>/dev/null)" =~ ^(idle|mixed|allocated|completing)$ ]]; }
 
 all_alive() {
     local d
@@ -411,9 +426,10 @@ cmd_up() {
     for d in munged mungekey mariadbd mariadb-install-db slurmdbd slurmctld slurmd sacctmgr sinfo; do
         command -v "${d}" >/dev/null || die "${d} not found; run: $0 install"
     done
+    mkdir -p "$1"
     set_paths "$1"
 
-    if all_alive && node_idle; then
+    if all_alive && node_ready; then
         log "already up in ${D}"
         print_export
         return 0
@@ -442,7 +458,7 @@ cmd_up() {
     start_slurmctld
     start_slurmd
 
-    wait_for "node ${host} to be idle" "${UP_TIMEOUT}" node_idle ||
+    wait_for "node ${host} to be idle" "${UP_TIMEOUT}" node_ready ||
         fail_with_log slurmd "${LOG}/slurmd.log"
     wait_for "sacct" "${UP_TIMEOUT}" sacct -n -X ||
         fail_with_log slurmdbd "${LOG}/slurmdbd.log"
@@ -453,12 +469,12 @@ cmd_up() {
 # Pids of this DIR's slurmstepd processes: they inherit SLURM_CONF from slurmd, so
 # steps of another cluster on the same host are left alone.
 stepd_pids() {
-    local dir pid
+    local dir comm
     for dir in /proc/[0-9]*; do
-        pid="${dir#/proc/}"
-        [[ "$(cat "${dir}/comm" 2>/dev/null)" == slurmstepd ]] || continue
-        tr '\0' '\n' <"${dir}/environ" 2>/dev/null | grep -qxF "SLURM_CONF=${SLURM_CONF_FILE}" &&
-            echo "${pid}"
+        read -r comm 2>/dev/null <"${dir}/comm" || continue
+        [[ "${comm}" == slurmstepd ]] || continue
+        tr '\0' '\n' 2>/dev/null <"${dir}/environ" | grep -qxF "SLURM_CONF=${SLURM_CONF_FILE}" &&
+            echo "${dir#/proc/}"
     done
     return 0
 }
@@ -468,7 +484,7 @@ descendants() {
     local -A kids=()
     local stat line ppid pid queue=("$@")
     for stat in /proc/[0-9]*/stat; do
-        read -r line <"${stat}" 2>/dev/null || continue
+        read -r line 2>/dev/null <"${stat}" || continue
         pid="${stat#/proc/}"
         pid="${pid%/stat}"
         # Fields after the ")" that closes comm: state, ppid, ...
@@ -535,7 +551,10 @@ stop_all() {
 }
 
 cmd_down() {
-    set_paths "$1"
+    if ! set_paths "$1"; then
+        log "no such directory $1; nothing to stop"
+        return 0
+    fi
     if alive slurmctld && alive munged; then
         drain_jobs
     fi
@@ -544,7 +563,7 @@ cmd_down() {
 }
 
 cmd_status() {
-    set_paths "$1"
+    set_paths "$1" || die "no such directory $1"
     local d pid rc=0
     for d in "${DAEMONS[@]}"; do
         if pid="$(live_pid "${d}")"; then

@@ -88,7 +88,7 @@ def close(a: dict[int, float], b: dict[int, float], rtol: float) -> bool:
 def test_bf16_trains_and_loss_falls(data_dir, tmp_path):
     run = with_data(data_dir, tmp_path / "bf16")
     summary = pipeline(run)
-    assert summary["last_train_loss"] < 0.7 * summary["first_train_loss"]
+    assert summary["last_train_loss"] < summary["first_train_loss"] - 1.0
     assert summary["test_ppl"] < summary["vocab_size"] / 4
 
 
@@ -126,10 +126,12 @@ def test_fp8_runs_and_tracks_bf16(data_dir, tmp_path, recipe):
 def test_two_gpus_match_one_gpu(data_dir, tmp_path, layout):
     one = with_data(data_dir, tmp_path / "one")
     two = with_data(data_dir, tmp_path / "two")
-    pipeline(one, "stages=[tokenize,train]")
+    same_init = "train.init_on_cpu=true"  # the same initial weights under any TP layout
+    pipeline(one, "stages=[tokenize,train]", same_init)
     pipeline(
         two,
         "stages=[tokenize,train]",
+        same_init,
         "cluster.executor=subprocess",
         "cluster.gpus_per_node=2",
         *layout,
