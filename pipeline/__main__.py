@@ -6,7 +6,7 @@ import logging
 import sys
 
 import hydra
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from pipeline import config as config_schema
 from pipeline.config import ConfigError
@@ -31,13 +31,20 @@ def check_stage_inputs(cfg: DictConfig) -> None:
 
 
 def execute(cfg: DictConfig) -> int:
-    from pipeline import graph, launch
+    from pipeline import files, graph, launch, sweep
     from pipeline.layout import RunLayout
+
+    if sweep.is_multirun():
+        cfg = sweep.point_config(cfg)
 
     logging.getLogger("megatron").setLevel(logging.WARNING)  # its per-file INFO lines drown ours
     config_schema.validate(cfg)
+    if cfg.data.prepared:
+        sweep.link_prepared_data(cfg)
     check_stage_inputs(cfg)
     layout = RunLayout.of(cfg.workdir)
+    layout.root.mkdir(parents=True, exist_ok=True)
+    files.write_text(layout.config, OmegaConf.to_yaml(cfg, resolve=True))
     steps = graph.build(cfg)
     todo = graph.pending(steps, cfg)
     done = [s.name for s in steps if s not in todo]
@@ -60,16 +67,26 @@ def main(cfg: DictConfig) -> int:
         sys.exit(2)
 
 
-def choose_cluster(argv: list[str]) -> None:
-    """With no cluster named and sbatch on PATH, this is a login node: submit to Slurm."""
+def slurm_answers() -> bool:
+    """sbatch is installed and a Slurm controller answers (installed alone is not enough)."""
     import shutil
+    import subprocess
 
-    if not any(arg.startswith(("cluster=", "+cluster=")) for arg in argv) and shutil.which(
-        "sbatch"
-    ):
+    if not shutil.which("sbatch"):
+        return False
+    try:
+        probe = subprocess.run(["sinfo", "-h", "-o", "%P"], capture_output=True, timeout=15)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return probe.returncode == 0
+
+
+def choose_cluster(argv: list[str]) -> None:
+    """With no cluster named where a Slurm controller answers (a login node), submit to Slurm."""
+    if not any(arg.startswith(("cluster=", "+cluster=")) for arg in argv) and slurm_answers():
         argv.append("cluster=slurm")
         print(
-            "[pipeline] sbatch found: cluster=slurm (pass cluster=local to run here)",
+            "[pipeline] Slurm answers here: cluster=slurm (pass cluster=local to run here)",
             file=sys.stderr,
         )
 

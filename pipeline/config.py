@@ -24,9 +24,9 @@ class ConfigError(ValueError):
 
 @dataclass
 class DataConfig:
-    inputs: list[str] = field(
-        default_factory=list
-    )  # JSONL / JSONL.gz globs; empty: built-in corpus
+    # JSONL / JSONL.gz globs; empty: the built-in corpus
+    inputs: list[str] = field(default_factory=list)
+    prepared: str | None = None  # a run folder whose tokenize stage is complete: reuse its data
     text_key: str = "text"
     num_shards: int = 4
     split: str = "90,5,5"  # train, validation, test: documents, by weight
@@ -87,6 +87,8 @@ class TrainConfig:
     micro_batch_size: int = 8
     global_batch_size: int = 32
     grad_accum: int | None = None  # derived from the batch sizes and data-parallel size
+    # Sweeps: keep global_batch_size and derive micro_batch_size from a given grad_accum.
+    hold_global_batch: bool = False
     steps: int = 1000
     lr: float = 3e-4
     min_lr: float = 3e-5
@@ -232,6 +234,10 @@ def _validate_data(cfg: DictConfig) -> None:
     d = cfg.data
     _require(d.num_shards >= 1, "data.num_shards", "must be at least 1")
     _require(bool(d.text_key), "data.text_key", "must not be empty")
+    if d.prepared:
+        manifest = os.path.join(os.path.expanduser(d.prepared), "data", "manifest.json")
+        _require(os.path.isfile(manifest), "data.prepared", f"{manifest} does not exist")
+        _require("tokenize" not in cfg.stages, "stages", "drop tokenize when data.prepared is set")
     if "tokenize" in cfg.stages:
         for pattern in d.inputs:
             matches = glob.glob(os.path.expanduser(pattern))
@@ -311,6 +317,14 @@ def _validate_parallel_and_batch(cfg: DictConfig) -> None:
         "needs parallel.tensor > 1",
     )
     dp = data_parallel_size(cfg)
+    if t.hold_global_batch and t.grad_accum is not None:
+        _require(
+            t.global_batch_size % (t.grad_accum * dp) == 0,
+            "train.grad_accum",
+            f"{t.grad_accum} x data-parallel size {dp} does not divide "
+            f"train.global_batch_size={t.global_batch_size}",
+        )
+        t.micro_batch_size = t.global_batch_size // (t.grad_accum * dp)
     _require(t.micro_batch_size >= 1, "train.micro_batch_size", "must be at least 1")
     per_step = t.micro_batch_size * dp
     if t.grad_accum is None:

@@ -13,7 +13,7 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from pipeline import corpus, evaluate, shards, tokenize, tokenizer, train, verify
+from pipeline import corpus, evaluate, files, shards, tokenize, tokenizer, train, verify
 from pipeline.config import tasks_per_node
 from pipeline.layout import RunLayout
 
@@ -46,10 +46,11 @@ def prepare_inputs(cfg: DictConfig) -> None:
 
 def _shards_complete(cfg: DictConfig) -> bool:
     layout = RunLayout.of(cfg.workdir)
-    if not shards.plan_path(cfg).exists():
+    planned = files.read_json_or_none(shards.plan_path(cfg))
+    if planned is None:
         return False
     return all(
-        tokenize.is_shard_complete(layout.shard_prefix(i)) for i in range(len(shards.plan(cfg)))
+        tokenize.is_shard_complete(layout.shard_prefix(i)) for i in range(len(planned["shards"]))
     )
 
 
@@ -62,7 +63,8 @@ def build(cfg: DictConfig, prepare: bool = True) -> list[Step]:
         if prepare:
             prepare_inputs(cfg)
         cpu = dict(time_limit=c.cpu_time_limit)
-        array = len(shards.plan(cfg)) if shards.plan_path(cfg).exists() else 0
+        planned = files.read_json_or_none(shards.plan_path(cfg))
+        array = len(planned["shards"]) if planned else 0
         steps += [
             Step("tokenizer", tokenizer.run, tokenizer.is_complete, **cpu),
             Step("tokenize", tokenize.run_task, _shards_complete, array=array, **cpu),

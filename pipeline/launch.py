@@ -6,6 +6,7 @@ from __future__ import annotations
 import concurrent.futures
 import multiprocessing
 import os
+import subprocess
 import sys
 import time
 
@@ -117,6 +118,56 @@ def slurm_parameters(cfg: DictConfig, step: Step) -> dict:
     return {k: v for k, v in params.items() if v is not None}
 
 
+def slurm_states(job_ids: list[str]) -> dict[str, tuple[str, str]]:
+    """job id -> (state, reason) from sacct, falling back to squeue for jobs sacct lacks."""
+    states: dict[str, tuple[str, str]] = {}
+    ids = ",".join(sorted({j.split("_")[0] for j in job_ids}))
+    try:
+        out = subprocess.run(
+            ["sacct", "-n", "-P", "-X", "-j", ids, "-o", "JobID,State,Reason"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        ).stdout
+        for line in out.splitlines():
+            job, state, *reason = line.split("|")
+            states[job] = (state.split()[0], reason[0] if reason else "")
+        out = subprocess.run(
+            ["squeue", "-h", "-j", ids, "-o", "%i|%T|%r"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        ).stdout
+        for line in out.splitlines():
+            job, state, reason = line.split("|")
+            states.setdefault(job, (state, reason))
+    except (OSError, subprocess.TimeoutExpired):
+        pass
+    for job in job_ids:  # array tasks that never started are listed together, as ID_[0-3]
+        base = job.split("_")[0] + "_["
+        grouped = next((v for k, v in states.items() if k.startswith(base)), None)
+        if job not in states and grouped:
+            states[job] = grouped
+    return states
+
+
+ACTIVE = {"PENDING", "RUNNING", "REQUEUED", "CONFIGURING", "COMPLETING", "SUSPENDED", "RESIZING"}
+
+
+def active_jobs(cfg: DictConfig) -> dict[str, list[str]]:
+    """Steps of the latest submission whose jobs are still queued or running."""
+    history = files.read_json_or_none(RunLayout.of(cfg.workdir).jobs) or []
+    if not history:
+        return {}
+    latest = history[-1]["jobs"]
+    states = slurm_states([j for ids in latest.values() for j in ids])
+    return {
+        step: ids
+        for step, ids in latest.items()
+        if any(states.get(j, ("", ""))[0] in ACTIVE for j in ids)
+    }
+
+
 def submit_slurm(steps: list[Step], cfg: DictConfig) -> dict[str, list[str]]:
     """Submit every step at once, each held by `afterok` on the one before; returns job ids."""
     import submitit
@@ -126,7 +177,13 @@ def submit_slurm(steps: list[Step], cfg: DictConfig) -> dict[str, list[str]]:
     layout = RunLayout.of(cfg.workdir)
     submitted: dict[str, list[str]] = {}
     previous: str | None = None
+    active = active_jobs(cfg)
     for step in steps:
+        if step.name in active:  # a rerun never submits a step twice: chain onto the live job
+            submitted[step.name] = active[step.name]
+            previous = active[step.name][0].split("_")[0]
+            _say(f"{step.name}: job {previous} is still queued or running; not resubmitted")
+            continue
         executor = submitit.SlurmExecutor(folder=str(layout.logs / "jobs" / step.name / "%j"))
         params = slurm_parameters(cfg, step)
         if previous:
@@ -155,7 +212,7 @@ def run(steps: list[Step], cfg: DictConfig) -> None:
         run_subprocess(steps, cfg)
     else:
         submitted = submit_slurm(steps, cfg)
-        jobs_file = RunLayout.of(cfg.workdir).root / "jobs.json"
+        jobs_file = RunLayout.of(cfg.workdir).jobs
         history = files.read_json_or_none(jobs_file) or []
         history.append({"submitted": time.strftime("%Y-%m-%dT%H:%M:%S"), "jobs": submitted})
         files.write_json(jobs_file, history)

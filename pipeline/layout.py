@@ -14,6 +14,16 @@ class RunLayout:
     def of(cls, workdir: str) -> RunLayout:
         return cls(Path(workdir).expanduser().resolve())
 
+    @property
+    def config(self) -> Path:
+        """The resolved config of the latest launch, read back by `pipeline.status`."""
+        return self.root / "config.yaml"
+
+    @property
+    def jobs(self) -> Path:
+        """Slurm job ids of every submission, newest last."""
+        return self.root / "jobs.json"
+
     # tokenize stage
     @property
     def corpus_dir(self) -> Path:

@@ -3,14 +3,14 @@ completion markers and, for submitted jobs, from Slurm."""
 
 from __future__ import annotations
 
-import subprocess
 import sys
 
 import hydra
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from pipeline import config as config_schema
 from pipeline import files
+from pipeline.launch import slurm_states
 from pipeline.layout import RunLayout
 
 config_schema.register()
@@ -27,40 +27,12 @@ FAILED = {
 }
 
 
-def slurm_states(job_ids: list[str]) -> dict[str, tuple[str, str]]:
-    """job id -> (state, reason) from sacct, falling back to squeue for jobs sacct lacks."""
-    states: dict[str, tuple[str, str]] = {}
-    ids = ",".join(sorted({j.split("_")[0] for j in job_ids}))
-    try:
-        out = subprocess.run(
-            ["sacct", "-n", "-P", "-X", "-j", ids, "-o", "JobID,State,Reason"],
-            capture_output=True,
-            text=True,
-            timeout=30,
-        ).stdout
-        for line in out.splitlines():
-            job, state, *reason = line.split("|")
-            states[job] = (state.split()[0], reason[0] if reason else "")
-        out = subprocess.run(
-            ["squeue", "-h", "-j", ids, "-o", "%i|%T|%r"],
-            capture_output=True,
-            text=True,
-            timeout=30,
-        ).stdout
-        for line in out.splitlines():
-            job, state, reason = line.split("|")
-            states.setdefault(job, (state, reason))
-    except (OSError, subprocess.TimeoutExpired):
-        pass
-    return states
-
-
 def describe(cfg: DictConfig) -> list[tuple[str, str, str]]:
     """(step, state, detail) for every step of the run."""
     from pipeline import graph
 
     layout = RunLayout.of(cfg.workdir)
-    submissions = files.read_json_or_none(layout.root / "jobs.json") or []
+    submissions = files.read_json_or_none(layout.jobs) or []
     latest = submissions[-1]["jobs"] if submissions else {}
     states = slurm_states([j for ids in latest.values() for j in ids]) if latest else {}
     rows = []
@@ -94,6 +66,9 @@ def describe(cfg: DictConfig) -> list[tuple[str, str, str]]:
 
 @hydra.main(config_path="../conf", config_name="config", version_base=None)
 def main(cfg: DictConfig) -> None:
+    saved = RunLayout.of(cfg.workdir).config
+    if saved.exists():  # the run's own config, not this command's defaults
+        cfg = OmegaConf.load(saved)
     rows = describe(cfg)
     print(f"Run folder: {RunLayout.of(cfg.workdir).root}")
     width = max(len(r[0]) for r in rows)

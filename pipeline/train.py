@@ -21,12 +21,16 @@ from pipeline.layout import RunLayout
 
 
 class StopRequest:
-    """SIGUSR1 (Slurm's warning before the time limit) or SIGTERM (preemption) asks the run to
-    save and exit; every rank acts on it at the same step boundary, once any rank has it."""
+    """A warning signal before the time limit (SIGUSR1 or SIGUSR2, as the job asked Slurm for)
+    or SIGTERM (preemption) asks the run to save and exit; every rank acts on it at the same
+    step boundary, once any rank has it. The handler only sets a flag, so it replaces the
+    launcher's own handlers (which would exit mid-step)."""
+
+    SIGNALS = (signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM)
 
     def __init__(self) -> None:
         self.received: int | None = None
-        for sig in (signal.SIGUSR1, signal.SIGTERM):
+        for sig in self.SIGNALS:
             signal.signal(sig, self._handle)
 
     def _handle(self, signum, frame) -> None:
