@@ -43,9 +43,10 @@ def execute(cfg: DictConfig) -> int:
         sweep.link_prepared_data(cfg)
     check_stage_inputs(cfg)
     layout = RunLayout.of(cfg.workdir)
-    layout.root.mkdir(parents=True, exist_ok=True)
-    files.write_text(layout.config, OmegaConf.to_yaml(cfg, resolve=True))
-    steps = graph.build(cfg)
+    if not cfg.dry_run:
+        layout.root.mkdir(parents=True, exist_ok=True)
+        files.write_text(layout.config, OmegaConf.to_yaml(cfg, resolve=True))
+    steps = graph.build(cfg, prepare=not cfg.dry_run)  # a dry run writes nothing
     todo = graph.pending(steps, cfg)
     done = [s.name for s in steps if s not in todo]
     if done:

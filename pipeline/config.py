@@ -135,6 +135,7 @@ class ClusterConfig:
     cpus_per_task: int = 2
     mem_gb: int | None = None
     partition: str | None = None
+    cpu_partition: str | None = None  # for tokenizer, tokenize and verify jobs; None: partition
     account: str | None = None
     qos: str | None = None
     time_limit: str = "04:00:00"

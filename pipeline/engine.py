@@ -13,7 +13,6 @@ from omegaconf import DictConfig
 from pipeline import backend as backends
 from pipeline import data, distributed
 from pipeline import model as models
-from pipeline.config import data_parallel_size
 
 
 def _forward_step(device: torch.device, data_iterator, model):
@@ -54,7 +53,7 @@ class Engine:
             tensor_parallel.model_parallel_cuda_manual_seed(cfg.train.seed)
         self.chunks = self.backend.wrap(self._build_model(), cfg)
         self.dp_rank = parallel_state.get_data_parallel_rank()
-        self.dp_size = data_parallel_size(cfg)
+        self.dp_size = parallel_state.get_data_parallel_world_size()  # of this job, as launched
         # the last rank is on the last pipeline stage, where the loss is
         self.is_logger = self.rank.rank == self.rank.world_size - 1
 

@@ -64,7 +64,7 @@ def build(cfg: DictConfig, prepare: bool = True) -> list[Step]:
             prepare_inputs(cfg)
         cpu = dict(time_limit=c.cpu_time_limit)
         planned = files.read_json_or_none(shards.plan_path(cfg))
-        array = len(planned["shards"]) if planned else 0
+        array = len(planned["shards"]) if planned else cfg.data.num_shards  # at most that many
         steps += [
             Step("tokenizer", tokenizer.run, tokenizer.is_complete, **cpu),
             Step("tokenize", tokenize.run_task, _shards_complete, array=array, **cpu),

@@ -98,9 +98,10 @@ def slurm_parameters(cfg: DictConfig, step: Step) -> dict:
     c = cfg.cluster
     extra = {"kill-on-invalid-dep": "yes", **dict(c.sbatch_extra)}
     extra.update({key: c[key] for key in ("account", "qos") if c[key]})
+    on_gpus = step.gpus_per_node > 0
     params = dict(
         job_name=f"pretrain-{step.name}",
-        partition=c.partition,
+        partition=c.partition if on_gpus or not c.cpu_partition else c.cpu_partition,
         nodes=step.nodes,
         ntasks_per_node=step.tasks_per_node,
         cpus_per_task=c.cpus_per_task,
@@ -205,7 +206,51 @@ def submit_slurm(steps: list[Step], cfg: DictConfig) -> dict[str, list[str]]:
     return submitted
 
 
+def describe_graph(steps: list[Step], cfg: DictConfig) -> str:
+    """The chain of jobs as one line, e.g. tokenizer -> tokenize[4 tasks] -> ... -> evaluate."""
+
+    def one(step: Step) -> str:
+        what = [f"{step.array} tasks"] if step.array else []
+        if step.ranks > 1 or step.gpus_per_node:
+            what.append(f"{step.nodes} node(s) x {step.tasks_per_node} task(s)")
+        if step.gpus_per_node:
+            what.append(f"{step.gpus_per_node} GPU(s)/node")
+        return step.name + (f"[{', '.join(what)}]" if what else "")
+
+    return " -(afterok)-> ".join(one(s) for s in steps) or "(nothing to do)"
+
+
+def dry_run(steps: list[Step], cfg: DictConfig) -> None:
+    """Print the dependency graph and, on Slurm, each sbatch script; submit nothing."""
+    import submitit
+
+    print(f"Job graph: {describe_graph(steps, cfg)}")
+    if cfg.cluster.executor != "slurm":
+        return
+    for index, step in enumerate(steps):
+        folder = RunLayout.of(cfg.workdir).logs / "jobs" / step.name / "%j"
+        executor = submitit.SlurmExecutor(folder=str(folder))
+        params = slurm_parameters(cfg, step)
+        if index:
+            params["additional_parameters"]["dependency"] = f"afterok:<{steps[index - 1].name} job>"
+        if step.array:
+            params["array_parallelism"] = min(step.array, cfg.cluster.array_parallelism)
+        executor.update_parameters(**params)
+        script = executor._make_submission_file_text(executor._submitit_command_str, "<id>")
+        if step.array:
+            script = script.replace(
+                "#SBATCH --job-name",
+                f"#SBATCH --array=0-{step.array - 1}%"
+                f"{params['array_parallelism']}\n#SBATCH --job-name",
+                1,
+            )
+        print(f"\n# ---- {step.name} ----\n{script}")
+
+
 def run(steps: list[Step], cfg: DictConfig) -> None:
+    if cfg.dry_run:
+        dry_run(steps, cfg)
+        return
     if cfg.cluster.executor == "inprocess":
         run_inprocess(steps, cfg)
     elif cfg.cluster.executor == "subprocess":

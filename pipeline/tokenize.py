@@ -1,9 +1,11 @@
 """Tokenize one shard of the corpus into a Megatron indexed dataset (.bin/.idx).
 
 Byte-compatible with Megatron-LM's tools/preprocess_data.py (GPTSentencePieceTokenizer,
---append-eod): one sequence per document, the end-of-document id appended, written with
-megatron-core's IndexedDatasetBuilder in the smallest dtype for the vocabulary. Outputs appear
-under their final names only when complete, followed by a marker with counts and checksums.
+--append-eod): one sequence per document, the end-of-document id appended, in the bytes that
+megatron-core's IndexedDatasetBuilder writes, in the smallest dtype for the vocabulary. Outputs
+appear under their final names only when complete, followed by a marker with counts and
+checksums. Reading and parsing, encoding (one batch per thread) and writing overlap, so the
+cores stay busy in sentencepiece: see docs/benchmarks.md.
 """
 
 from __future__ import annotations
@@ -11,11 +13,14 @@ from __future__ import annotations
 import json
 import os
 import queue
+import struct
 import sys
 import threading
 import time
-from collections import Counter
-from collections.abc import Iterator
+from array import array
+from collections import Counter, deque
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from omegaconf import DictConfig
@@ -82,9 +87,119 @@ def _prefetched(it: Iterator, depth: int = 2) -> Iterator:
         yield item
 
 
+def _encoded(batches: Iterator[list], sp, threads: int) -> Iterator[tuple[list, list[list[int]]]]:
+    """(batch, token ids of its documents), in input order. Each thread encodes whole batches
+    (sentencepiece releases the GIL), so a long document holds up one thread, not all of them,
+    and the cores keep encoding while this thread writes; a few batches in flight bound memory."""
+    with ThreadPoolExecutor(threads, thread_name_prefix="encode") as pool:
+        pending: deque = deque()
+        for batch in batches:
+            texts = [item.text for item in batch if isinstance(item, Document)]
+            pending.append((batch, pool.submit(sp.encode, texts, num_threads=1)))
+            if len(pending) > 2 * threads:
+                head, future = pending.popleft()
+                yield head, future.result()
+        while pending:
+            head, future = pending.popleft()
+            yield head, future.result()
+
+
+class ShardWriter:
+    """Writes the .bin/.idx pair that megatron-core's IndexedDatasetBuilder writes for one
+    sequence per document, byte for byte (tests compare the two), without importing
+    megatron-core and torch: that import is seconds of start-up in every task."""
+
+    HEADER = b"MMIDIDX\x00\x00"
+
+    def __init__(self, bin_path: str, vocab_size: int) -> None:
+        # DType.optimal_dtype: uint16 (code 8) below 65500 pieces, else int32 (code 4)
+        self.typecode, self.dtype_code = ("H", 8) if vocab_size < 65500 else ("i", 4)
+        self.itemsize = array(self.typecode).itemsize
+        self.bin = open(bin_path, "wb")  # noqa: SIM115 (closed by finalize)
+        self.lengths = array("i")  # int32 tokens per sequence
+        self.document_indices = array("q", [0])  # int64 sequence index ending each document
+        assert self.lengths.itemsize == 4 and self.document_indices.itemsize == 8
+
+    def add_documents(self, encoded: list[list[int]], eod: int) -> int:
+        """Append documents, eod-terminated, one sequence each; returns the tokens written."""
+        tokens = array(self.typecode)
+        for ids in encoded:
+            tokens.fromlist(ids)
+            tokens.append(eod)
+            self.lengths.append(len(ids) + 1)
+            self.document_indices.append(len(self.lengths))
+        self.bin.write(tokens)
+        return len(tokens)
+
+    def end_document(self) -> None:
+        """An empty document (no sequence), as preprocess_data.py writes for one."""
+        self.document_indices.append(len(self.lengths))
+
+    def finalize(self, idx_path: str) -> None:
+        import numpy as np
+
+        self.bin.close()
+        lengths = np.frombuffer(self.lengths, dtype=np.int32)
+        pointers = np.zeros(len(lengths), dtype=np.int64)
+        np.cumsum(lengths[:-1], dtype=np.int64, out=pointers[1:])
+        with open(idx_path, "wb") as f:
+            f.write(self.HEADER)
+            f.write(struct.pack("<Q", 1))
+            f.write(struct.pack("<B", self.dtype_code))
+            f.write(struct.pack("<Q", len(lengths)))
+            f.write(struct.pack("<Q", len(self.document_indices)))
+            f.write(lengths.tobytes())
+            f.write((pointers * self.itemsize).tobytes())
+            f.write(np.frombuffer(self.document_indices, dtype=np.int64).tobytes())
+
+
+def _write_batch(
+    writer: ShardWriter,
+    batch: list[Document | Reject],
+    encoded: list[list[int]],
+    eod: int,
+    cfg: DictConfig,
+    stats: Counter,
+    rejected: Counter,
+    log: Callable[[Reject], None],
+) -> None:
+    """Write one encoded batch in input order (as preprocess_data.py does); count everything."""
+    run: list[list[int]] = []  # consecutive documents, written together
+
+    def flush() -> None:
+        if run:
+            stats["tokens"] += writer.add_documents(run, eod)
+            stats["documents"] += len(run)
+            run.clear()
+
+    next_ids = iter(encoded)
+    for item in batch:
+        if isinstance(item, Document):
+            ids = next(next_ids)
+            stats["bytes_in"] += item.source_bytes
+            if ids:
+                run.append(ids)
+                continue
+            stats["no_tokens"] += 1  # text that encodes to nothing: an empty document
+        elif cfg.data.strict:
+            raise BadRecord(f"{item.where()}: {item.reason} {item.detail}".strip())
+        else:
+            rejected[item.reason] += 1
+            log(item)
+        flush()
+        if isinstance(item, Document) or item.reason == "empty_text":
+            # preprocess_data.py writes an empty document (no sequence) for these
+            writer.end_document()
+    flush()
+
+
+def _max_rss_mb() -> float:
+    import resource
+
+    return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)  # Linux: KiB
+
+
 def tokenize_shard(cfg: DictConfig, index: int, spans: list[Span]) -> dict:
-    import numpy as np
-    from megatron.core.datasets.indexed_dataset import DType, IndexedDatasetBuilder
     from tqdm import tqdm
 
     from pipeline.tokenizer import load, model_path
@@ -95,7 +210,7 @@ def tokenize_shard(cfg: DictConfig, index: int, spans: list[Span]) -> dict:
     eod = sp.eos_id()
     threads = max(1, int(cfg.cluster.cpus_per_task))
     partial = Path(f"{prefix}.partial")
-    builder = IndexedDatasetBuilder(f"{partial}.bin", dtype=DType.optimal_dtype(sp.vocab_size()))
+    writer = ShardWriter(f"{partial}.bin", sp.vocab_size())
     stats: Counter = Counter()
     rejected: Counter = Counter()
     started = time.time()
@@ -109,29 +224,17 @@ def tokenize_shard(cfg: DictConfig, index: int, spans: list[Span]) -> dict:
         dynamic_ncols=True,
     )
     with files.atomic_path(rejects_file) as rej_tmp, open(rej_tmp, "w") as rej_out:
-        for batch in _prefetched(_batches(spans, cfg)):
-            texts = [item.text for item in batch if isinstance(item, Document)]
-            encoded = iter(sp.encode(texts, num_threads=threads))
-            for item in batch:  # in input order, as preprocess_data.py writes them
-                if isinstance(item, Document):
-                    ids = next(encoded)
-                    ids.append(eod)
-                    builder.add_document(np.asarray(ids), [len(ids)])
-                    stats["tokens"] += len(ids)
-                    stats["bytes_in"] += item.source_bytes
-                    continue
-                if cfg.data.strict:
-                    raise BadRecord(f"{item.where()}: {item.reason} {item.detail}".strip())
-                rejected[item.reason] += 1
-                rej_out.write(json.dumps(item.__dict__) + "\n")
-                if item.reason == "empty_text":
-                    # preprocess_data.py writes an empty document (no sequence) for empty text
-                    builder.end_document()
-            stats["documents"] += len(texts)
-            progress.update(len(texts))
+
+        def log(item: Reject) -> None:
+            rej_out.write(json.dumps(item.__dict__) + "\n")
+
+        for batch, encoded in _encoded(_prefetched(_batches(spans, cfg)), sp, threads):
+            documents = stats["documents"]
+            _write_batch(writer, batch, encoded, eod, cfg, stats, rejected, log)
+            progress.update(stats["documents"] - documents)
             progress.set_postfix(tok_per_s=f"{stats['tokens'] / (time.time() - started):.3g}")
     progress.close()
-    builder.finalize(f"{partial}.idx")
+    writer.finalize(f"{partial}.idx")
     for ext in (".bin", ".idx"):
         with open(f"{partial}{ext}", "rb+") as f:
             os.fsync(f.fileno())
@@ -141,6 +244,7 @@ def tokenize_shard(cfg: DictConfig, index: int, spans: list[Span]) -> dict:
         "shard": index,
         "spans": [[s.path, s.start, s.end] for s in spans],
         "documents": stats["documents"],
+        "no_token_documents": stats["no_tokens"],
         "tokens": stats["tokens"],
         "bytes_in": stats["bytes_in"],
         "rejected": dict(rejected),
@@ -151,13 +255,14 @@ def tokenize_shard(cfg: DictConfig, index: int, spans: list[Span]) -> dict:
         "idx_sha256": files.sha256(f"{prefix}.idx"),
         "vocab_size": sp.vocab_size(),
         "seconds": round(time.time() - started, 3),
+        "max_rss_mb": _max_rss_mb(),  # of this process: what a task needs (--mem on Slurm)
     }
     files.write_json(marker_path(prefix), marker)
     mb = stats["bytes_in"] / 1e6
     print(
         f"shard {index}: {stats['documents']} documents, {stats['tokens']} tokens, "
         f"{mb:.1f} MB in {marker['seconds']:.1f} s ({mb / max(marker['seconds'], 1e-9):.2f} MB/s), "
-        f"{sum(rejected.values())} rejected",
+        f"{sum(rejected.values())} rejected, max RSS {marker['max_rss_mb']:.0f} MB",
         file=sys.stderr,
     )
     return marker

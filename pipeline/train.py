@@ -16,6 +16,7 @@ import torch.distributed as dist
 from omegaconf import DictConfig, OmegaConf
 
 from pipeline import checkpoint, data, files, flops, report
+from pipeline.config import world_size
 from pipeline.engine import Engine
 from pipeline.layout import RunLayout
 
@@ -64,6 +65,11 @@ class Trainer(Engine):
         self.layout = RunLayout.of(cfg.workdir)
         self.manifest = data.load_manifest(cfg)
         super().__init__(cfg, self.manifest["vocab_size"])
+        if self.rank.world_size != world_size(cfg):  # the batch arithmetic assumed that many
+            raise RuntimeError(
+                f"the job has {self.rank.world_size} ranks but cluster.nodes x tasks per node "
+                f"= {world_size(cfg)}; launch one task per GPU as configured"
+            )
         self.optimizer = self.backend.optimizer(self.chunks, cfg)
         t = cfg.train
         self.scheduler = OptimizerParamScheduler(
