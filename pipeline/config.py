@@ -29,6 +29,7 @@ class DataConfig:
     prepared: str | None = None  # a run folder whose tokenize stage is complete: reuse its data
     text_key: str = "text"
     num_shards: int = 4
+    merge_into: int | None = None  # after tokenizing, concatenate the shards into this many files
     split: str = "90,5,5"  # train, validation, test: documents, by weight
     strict: bool = False  # stop at the first bad record instead of counting it
     max_document_bytes: int = 64 * 1024 * 1024

@@ -126,6 +126,14 @@ def train_model(texts: list[str], tk: DictConfig) -> bytes:
     return buffer.getvalue()
 
 
+def write_vocab(model: Path):
+    """Write MODEL.vocab (piece and score per line) beside a model; returns the model loaded."""
+    sp = load(model)
+    pieces = (f"{sp.id_to_piece(i)}\t{sp.get_score(i)}\n" for i in range(sp.vocab_size()))
+    files.write_text(model.with_suffix(".vocab"), "".join(pieces))
+    return sp
+
+
 def run(cfg: DictConfig) -> dict:
     """Stage step: provide the run's tokenizer (train it, or copy tokenizer.model into the run)."""
     if is_complete(cfg):
@@ -158,12 +166,7 @@ def run(cfg: DictConfig) -> dict:
             "sample_bytes": sum(len(t.encode()) for t in sample),
             "options": trainer_options(tk),
         }
-    sp = load(target)
-    with files.atomic_path(target.with_suffix(".vocab")) as tmp:
-        tmp.write_text(
-            "".join(f"{sp.id_to_piece(i)}\t{sp.get_score(i)}\n" for i in range(sp.vocab_size())),
-            encoding="utf-8",
-        )
+    sp = write_vocab(target)
     meta.update(
         model=str(target),
         vocab_size=sp.vocab_size(),

@@ -3,6 +3,7 @@ index cache, so training jobs start without CPU-side index building."""
 
 from __future__ import annotations
 
+import os
 import time
 from collections import Counter
 
@@ -39,6 +40,48 @@ def check_shard(prefix: str, marker: dict, vocab_size: int) -> None:
         raise CorruptShard(f"{prefix}.bin: token id {int(tokens.max())} >= vocab size {vocab_size}")
 
 
+def merge(layout: RunLayout, shards: list[dict], groups: int, split: str) -> list[dict]:
+    """Concatenate consecutive shards into `groups` files with megatron-core's builder, each
+    written under a temporary name and renamed when whole."""
+    from megatron.core.datasets.indexed_dataset import IndexedDataset, IndexedDatasetBuilder
+
+    from pipeline import data
+
+    merged = []
+    bounds = [round(len(shards) * g / groups) for g in range(groups + 1)]
+    for g in range(groups):
+        members = shards[bounds[g] : bounds[g + 1]]
+        target = layout.data_dir / f"merged-{g:05d}"
+        partial = f"{target}.partial"
+        first = IndexedDataset(str(layout.root / members[0]["prefix"]), mmap=True)
+        builder = IndexedDatasetBuilder(f"{partial}.bin", dtype=first.index.dtype)
+        del first
+        for member in members:
+            builder.add_index(str(layout.root / member["prefix"]))
+        builder.finalize(f"{partial}.idx")
+        for ext in (".bin", ".idx"):
+            with open(f"{partial}{ext}", "rb+") as f:
+                os.fsync(f.fileno())
+            os.replace(f"{partial}{ext}", f"{target}{ext}")
+        files.fsync_dir(layout.data_dir)
+        rejected: Counter = Counter()
+        for member in members:
+            rejected.update(member["rejected"])
+        merged.append(
+            {
+                "prefix": str(target.relative_to(layout.root)),
+                "split_tokens": data.split_tokens(str(target), split),
+                **{
+                    k: sum(m[k] for m in members)
+                    for k in ("documents", "tokens", "bytes_in", "seconds")
+                },
+                "rejected": dict(rejected),
+                "merged_from": [m["prefix"] for m in members],
+            }
+        )
+    return merged
+
+
 def is_complete(cfg: DictConfig) -> bool:
     return RunLayout.of(cfg.workdir).manifest.exists()
 
@@ -70,13 +113,19 @@ def run(cfg: DictConfig) -> dict:
         )
         totals.update({k: marker[k] for k in ("documents", "tokens", "bytes_in")})
         rejected.update(marker["rejected"])
+    per_shard = shards
+    if cfg.data.merge_into and cfg.data.merge_into < len(shards):
+        shards = merge(layout, shards, cfg.data.merge_into, cfg.data.split)
     manifest = {
         "tokenizer": tok["model"],
         "tokenizer_sha256": tok["sha256"],
+        "tokenizer_options": tok.get("options"),
+        "tokenizer_trained": tok["trained"],
         "vocab_size": tok["vocab_size"],
         "eod_id": tok["eod_id"],
         "split": cfg.data.split,
-        "shards": shards,
+        "shards": shards,  # what training reads: the shards, or the files they were merged into
+        "tokenized_shards": per_shard,
         "total": {
             **totals,
             "rejected": dict(rejected),
