@@ -46,6 +46,11 @@ def execute(cfg: DictConfig) -> int:
     if not cfg.dry_run:
         layout.root.mkdir(parents=True, exist_ok=True)
         files.write_text(layout.config, OmegaConf.to_yaml(cfg, resolve=True))
+    if "train" in cfg.stages:  # the plan, before anything is submitted
+        from pipeline import plan
+
+        for line in plan.summary_lines(cfg, plan.vocab_size_of(cfg)[0]):
+            print(line, file=sys.stderr)
     steps = graph.build(cfg, prepare=not cfg.dry_run)  # a dry run writes nothing
     todo = graph.pending(steps, cfg)
     done = [s.name for s in steps if s not in todo]
