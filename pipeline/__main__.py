@@ -10,6 +10,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from pipeline import config as config_schema
 from pipeline.config import ConfigError
+from pipeline.lock import RunLocked
 
 config_schema.register()
 
@@ -30,22 +31,10 @@ def check_stage_inputs(cfg: DictConfig) -> None:
         raise ConfigError(f"stages: no checkpoints in {layout.checkpoints}; add train to stages")
 
 
-def execute(cfg: DictConfig) -> int:
-    from pipeline import files, graph, launch, sweep
-    from pipeline.layout import RunLayout
+def launch_steps(cfg: DictConfig) -> None:
+    """Print the plan, then run or submit every step that is not complete yet."""
+    from pipeline import graph, launch
 
-    if sweep.is_multirun():
-        cfg = sweep.point_config(cfg)
-
-    logging.getLogger("megatron").setLevel(logging.WARNING)  # its per-file INFO lines drown ours
-    config_schema.validate(cfg)
-    if cfg.data.prepared:
-        sweep.link_prepared_data(cfg)
-    check_stage_inputs(cfg)
-    layout = RunLayout.of(cfg.workdir)
-    if not cfg.dry_run:
-        layout.root.mkdir(parents=True, exist_ok=True)
-        files.write_text(layout.config, OmegaConf.to_yaml(cfg, resolve=True))
     if "train" in cfg.stages:  # the plan, before anything is submitted
         from pipeline import plan
 
@@ -57,6 +46,29 @@ def execute(cfg: DictConfig) -> int:
     if done:
         print(f"[pipeline] already complete: {', '.join(done)}", file=sys.stderr)
     launch.run(todo, cfg)
+
+
+def execute(cfg: DictConfig) -> int:
+    from pipeline import files, sweep
+    from pipeline.layout import RunLayout
+
+    if sweep.is_multirun():
+        cfg = sweep.point_config(cfg)
+
+    logging.getLogger("megatron").setLevel(logging.WARNING)  # its per-file INFO lines drown ours
+    config_schema.validate(cfg)
+    if cfg.data.prepared:
+        sweep.link_prepared_data(cfg)
+    check_stage_inputs(cfg)
+    layout = RunLayout.of(cfg.workdir)
+    if cfg.dry_run:
+        launch_steps(cfg)
+        return 0
+    from pipeline.lock import run_lock
+
+    with run_lock(layout.root):  # one launcher per run folder
+        files.write_text(layout.config, OmegaConf.to_yaml(cfg, resolve=True))
+        launch_steps(cfg)
     print(f"\nRun folder: {layout.root}")
     if layout.summary.exists():
         print(f"Summary:    {layout.summary}")
@@ -71,6 +83,9 @@ def main(cfg: DictConfig) -> int:
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
+    except RunLocked as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(3)
 
 
 def slurm_answers() -> bool:

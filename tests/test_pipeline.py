@@ -83,3 +83,35 @@ def test_subprocess_executor_runs_the_array_and_two_gloo_ranks(tmp_path):
     single, dual = curve(one), curve(two)
     assert len(single) == len(dual) > 0
     assert all(abs(a - b) < 1e-4 * abs(a) for a, b in zip(single, dual, strict=True))
+
+
+def test_a_second_launcher_on_the_same_workdir_refuses_and_names_the_holder(tmp_path):
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys, time; from pathlib import Path; from pipeline.lock import run_lock\n"
+            f"with run_lock(Path({str(tmp_path)!r})):\n    print('held', flush=True); time.sleep(60)",
+        ],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        result = subprocess.run(
+            [sys.executable, "-m", "pipeline", "cluster=local", f"workdir={tmp_path}", *SMALL],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+    finally:
+        holder.kill()
+        holder.wait()
+    assert result.returncode == 3
+    assert result.stderr.strip().startswith(
+        f"error: workdir {tmp_path} is in use by pid {holder.pid}"
+    )
+    assert "Traceback" not in result.stderr
+    assert not (tmp_path / "data").exists()
