@@ -13,7 +13,7 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from pipeline import corpus, evaluate, files, shards, tokenize, tokenizer, train, verify
+from pipeline import corpus, files, shards, tokenize, tokenizer, verify
 from pipeline.config import tasks_per_node
 from pipeline.layout import RunLayout
 
@@ -33,6 +33,26 @@ class Step:
     @property
     def ranks(self) -> int:
         return self.nodes * self.tasks_per_node
+
+
+def run_train(cfg: DictConfig) -> dict:
+    from pipeline import train  # torch and megatron-core: imported by the jobs that need them
+
+    return train.run(cfg)
+
+
+def run_evaluate(cfg: DictConfig) -> dict:
+    from pipeline import evaluate
+
+    return evaluate.run(cfg)
+
+
+def _train_complete(cfg: DictConfig) -> bool:
+    return RunLayout.of(cfg.workdir).train_done.exists()
+
+
+def _evaluate_complete(cfg: DictConfig) -> bool:
+    return RunLayout.of(cfg.workdir).eval_done.exists()
 
 
 def prepare_inputs(cfg: DictConfig) -> None:
@@ -74,8 +94,8 @@ def build(cfg: DictConfig, prepare: bool = True) -> list[Step]:
         steps.append(
             Step(
                 "train",
-                train.run,
-                train.is_complete,
+                run_train,
+                _train_complete,
                 nodes=c.nodes,
                 tasks_per_node=tasks_per_node(cfg),
                 gpus_per_node=c.gpus_per_node,
@@ -87,8 +107,8 @@ def build(cfg: DictConfig, prepare: bool = True) -> list[Step]:
         steps.append(
             Step(
                 "evaluate",
-                evaluate.run,
-                evaluate.is_complete,
+                run_evaluate,
+                _evaluate_complete,
                 gpus_per_node=min(1, c.gpus_per_node),
                 time_limit=c.time_limit,
             )
