@@ -71,3 +71,15 @@ def sha256(path: str | os.PathLike, chunk: int = 1 << 22) -> str:
         while block := f.read(chunk):
             h.update(block)
     return h.hexdigest()
+
+
+def publish(
+    partial: str | os.PathLike, final: str | os.PathLike, suffixes: tuple[str, ...]
+) -> None:
+    """Make finished files visible: fsync PARTIAL+suffix, rename each to FINAL+suffix, fsync the
+    folder. Readers only ever look at the final names."""
+    for suffix in suffixes:
+        with open(f"{partial}{suffix}", "rb+") as f:
+            os.fsync(f.fileno())
+        os.replace(f"{partial}{suffix}", f"{final}{suffix}")
+    fsync_dir(Path(final).parent)

@@ -235,11 +235,7 @@ def tokenize_shard(cfg: DictConfig, index: int, spans: list[Span]) -> dict:
             progress.set_postfix(tok_per_s=f"{stats['tokens'] / (time.time() - started):.3g}")
     progress.close()
     writer.finalize(f"{partial}.idx")
-    for ext in (".bin", ".idx"):
-        with open(f"{partial}{ext}", "rb+") as f:
-            os.fsync(f.fileno())
-        os.replace(f"{partial}{ext}", f"{prefix}{ext}")
-    files.fsync_dir(prefix.parent)
+    files.publish(partial, prefix, (".bin", ".idx"))
     marker = {
         "shard": index,
         "spans": [[s.path, s.start, s.end] for s in spans],

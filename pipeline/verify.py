@@ -3,7 +3,6 @@ index cache, so training jobs start without CPU-side index building."""
 
 from __future__ import annotations
 
-import os
 import time
 from collections import Counter
 
@@ -59,11 +58,7 @@ def merge(layout: RunLayout, shards: list[dict], groups: int, split: str) -> lis
         for member in members:
             builder.add_index(str(layout.root / member["prefix"]))
         builder.finalize(f"{partial}.idx")
-        for ext in (".bin", ".idx"):
-            with open(f"{partial}{ext}", "rb+") as f:
-                os.fsync(f.fileno())
-            os.replace(f"{partial}{ext}", f"{target}{ext}")
-        files.fsync_dir(layout.data_dir)
+        files.publish(partial, target, (".bin", ".idx"))
         rejected: Counter = Counter()
         for member in members:
             rejected.update(member["rejected"])
