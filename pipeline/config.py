@@ -124,6 +124,12 @@ class EvalConfig:
     checkpoint: str = "best"  # best | latest | a checkpoint folder
     max_batches: int | None = None  # None: the whole test split
     micro_batch_size: int | None = None  # None: train.micro_batch_size
+    prompts: list[str] = field(
+        default_factory=lambda: ["The function returns", "Python is", "To open a file,"]
+    )
+    max_new_tokens: int = 48
+    top_k: int = 40
+    top_p: float = 0.9
 
 
 @dataclass

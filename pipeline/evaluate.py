@@ -25,6 +25,37 @@ def resolve_checkpoint(cfg: DictConfig) -> Path:
     return folder
 
 
+def _samples(cfg: DictConfig, engine, tokenizer_model: Path) -> list[dict]:
+    """Greedy and sampled continuations of the configured prompts (single-stage models)."""
+    from pipeline.generate import continue_text
+    from pipeline.tokenizer import load
+
+    if len(engine.chunks) > 1 or cfg.parallel.pipeline > 1 or cfg.parallel.tensor > 1:
+        return []  # pipeline- and tensor-parallel layouts sample through a single-GPU evaluation
+    sp, e = load(tokenizer_model), cfg.eval
+    out = []
+    for prompt in e.prompts:
+        common = dict(
+            max_new_tokens=e.max_new_tokens, seq_length=cfg.model.seq_length, device=engine.device
+        )
+        out.append(
+            {
+                "prompt": prompt,
+                "greedy": continue_text(engine.chunks[0], sp, prompt, **common),
+                "sampled": continue_text(
+                    engine.chunks[0],
+                    sp,
+                    prompt,
+                    top_k=e.top_k,
+                    top_p=e.top_p,
+                    seed=cfg.train.seed,
+                    **common,
+                ),
+            }
+        )
+    return out
+
+
 def is_complete(cfg: DictConfig) -> bool:
     return RunLayout.of(cfg.workdir).eval_done.exists()
 
@@ -43,7 +74,9 @@ def run(cfg: DictConfig) -> dict:
     test = data.test_dataset(cfg, manifest)
     mbs = cfg.eval.micro_batch_size or cfg.train.micro_batch_size
     loss, tokens = engine.loss_over(test, mbs, cfg.eval.max_batches)
+    samples = _samples(cfg, engine, Path(manifest["tokenizer"]))
     result = {
+        "samples": samples,
         "checkpoint": str(folder),
         "checkpoint_step": step,
         "test_loss": loss,
@@ -54,7 +87,7 @@ def run(cfg: DictConfig) -> dict:
     }
     if engine.rank.is_first:
         files.write_json(layout.eval_done, result)
-        report.write_summary(layout)
+        report.write_report(layout)
         print(
             f"test loss {loss:.4f}, perplexity {math.exp(loss):.2f} over {tokens} tokens "
             f"({folder.name})",

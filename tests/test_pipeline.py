@@ -46,6 +46,13 @@ def test_whole_pipeline_then_rerun_and_single_stages(tmp_path):
     assert summary["last_train_loss"] < summary["first_train_loss"]
     assert summary["test_ppl"] < summary["vocab_size"] / 2
     assert Path(summary["best_checkpoint"]).is_dir()
+    report = (workdir / "report.md").read_text()
+    evaluation = json.loads((workdir / "eval" / "DONE.json").read_text())
+    assert f"| test_ppl | {evaluation['test_ppl']} |" in report
+    assert (workdir / "train" / "loss.png").read_bytes()[:4] == b"\x89PNG"
+    assert (workdir / "report.html").exists()
+    assert len(evaluation["samples"]) == 3
+    assert all(s["greedy"] or s["sampled"] for s in evaluation["samples"])
 
     again = pipeline(f"workdir={workdir}", *SMALL, "train.steps=40")
     assert "already complete: tokenizer, tokenize, verify, train, evaluate" in again.stderr
