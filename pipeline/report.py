@@ -105,19 +105,7 @@ def write_report(layout: RunLayout) -> Path:
         ]
     )
     lines += ["", "## Training", ""] + _table(
-        [
-            (k, summary.get(k))
-            for k in (
-                "train_steps",
-                "trained_tokens",
-                "first_train_loss",
-                "last_train_loss",
-                "best_val_loss",
-                "tokens_per_s",
-                "best_checkpoint",
-                "skipped_steps",
-            )
-        ]
+        [(k, summary.get(k)) for k in SUMMARY_FROM_TRAIN if k not in ("tokens", "vocab_size")]
     )
     if plot:
         lines += ["", f"![loss curves]({plot.relative_to(layout.root)})"]
@@ -137,7 +125,7 @@ def write_report(layout: RunLayout) -> Path:
             for r in train[:: max(1, len(train) // 10)]
         ]
     lines += ["", "## Test results", ""] + _table(
-        [(k, evaluation.get(k)) for k in ("checkpoint", "test_loss", "test_ppl", "test_tokens")]
+        [(k, evaluation.get(k)) for k in SUMMARY_FROM_EVAL]
     )
     if evaluation.get("samples"):
         lines += ["", "## Samples", ""]
