@@ -12,8 +12,11 @@ and the scaling of the stage from 1 to N tasks. Every run is a subprocess pinned
 to the cores it is allowed; variants run interleaved, `--repeats` times each, medians printed.
 Throughput is always JSONL input bytes / wall seconds, so the rows divide into each other.
 
-    python tools/bench_tokenize.py --build-corpus 250 --text-roots /tmp/debs/x \\
-        --corpus /tmp/bench/corpus.jsonl --megatron-lm /tmp/megatron-lm
+    python tools/bench_tokenize.py --build-corpus 220 --text-roots /tmp/debs/x/* \\
+        --corpus /tmp/bench/corpus.jsonl --megatron-lm /tmp/megatron-lm \\
+        --megatron-path /tmp/megatron-deps
+
+docs/benchmarks.md says where the text and the Megatron-LM checkout come from.
 """
 
 from __future__ import annotations
@@ -390,6 +393,8 @@ def measure(b: Bench, todo: list[Variant], corpus: Path, repeats: int) -> dict[s
         for v in todo[shift:] + todo[:shift]:
             run = run_once(b, v, corpus)
             runs[v.label].append(run)
+            with open(b.scratch / "runs.jsonl", "a") as log:  # kept even if this process dies
+                log.write(json.dumps({"corpus": str(corpus), "label": v.label, **vars(run)}) + "\n")
             print(
                 f"  round {r + 1}: {v.label}: {run.seconds:.2f} s "
                 f"(cpu {run.cpu_seconds:.1f} s, other processes {run.other_cpu:.1f} cpu s)",
