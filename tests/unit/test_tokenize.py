@@ -189,3 +189,29 @@ def test_rerun_skips_complete_shards_and_redoes_incomplete_ones(tokenized):
     assert redone["bin_sha256"] == marker["bin_sha256"]
     assert redone["idx_sha256"] == marker["idx_sha256"]
     assert files.read_json(tokenize.marker_path(prefix))["tokens"] == marker["tokens"]
+
+
+def test_text_that_encodes_to_no_tokens_is_an_empty_document_as_in_preprocess_data(
+    tokenized, tmp_path
+):
+    """With sentencepiece's default (lossy) normalization, whitespace-only text encodes to no
+    tokens: preprocess_data.py writes an empty document, not a lone end-of-document token."""
+    corpus_text = Path(shards.input_paths(tokenized)[0]).read_text().splitlines(keepends=True)
+    lossy = tokenized.tokenizer.copy()
+    lossy.lossless = False
+    model = tmp_path / "lossy.model"
+    model.write_bytes(
+        tokenizer.train_model([json.loads(line)["text"] for line in corpus_text], lossy)
+    )
+    assert tokenizer.load(model).encode("   ") == []
+    jsonl = tmp_path / "corpus.jsonl"
+    jsonl.write_text("".join(corpus_text[:10]) + '{"text": "   "}\n' + "".join(corpus_text[10:20]))
+    cfg = make_config(
+        tmp_path / "run", f"data.inputs=[{jsonl}]", "data.num_shards=1", f"tokenizer.model={model}"
+    )
+    [marker] = tokenize_all(cfg)
+    assert marker["no_token_documents"] == 1
+    preprocess_data_reference(jsonl, model, tmp_path / "reference")
+    ours = RunLayout.of(cfg.workdir).shard_prefix(0)
+    for ext in (".bin", ".idx"):
+        assert Path(f"{ours}{ext}").read_bytes() == (tmp_path / f"reference{ext}").read_bytes()
