@@ -103,6 +103,8 @@ class TransformerEngineBackend:
     def optimizer(self, chunks: list[torch.nn.Module], cfg: DictConfig):
         from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 
+        from pipeline.model import params_dtype
+
         t = cfg.train
         config = OptimizerConfig(
             optimizer="adam",
@@ -115,11 +117,7 @@ class TransformerEngineBackend:
             clip_grad=t.clip_grad,
             bf16=t.precision in ("bf16", "fp8"),
             fp16=t.precision == "fp16",
-            params_dtype=torch.float16
-            if t.precision == "fp16"
-            else torch.bfloat16
-            if t.precision in ("bf16", "fp8")
-            else torch.float32,
+            params_dtype=params_dtype(t.precision),
             loss_scale=None,  # fp16: dynamic loss scaling
             initial_loss_scale=2.0**16,
             use_distributed_optimizer=cfg.parallel.distributed_optimizer,

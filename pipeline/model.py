@@ -27,13 +27,19 @@ def ffn_hidden_size(m: DictConfig) -> int:
     return 4 * m.hidden_size
 
 
-def transformer_config(cfg: DictConfig, backend: Backend) -> TransformerConfig:
+def params_dtype(precision: str):
+    """Parameter dtype for train.precision (fp8 keeps bf16 parameters; TE casts in its GEMMs)."""
     import torch
+
+    return {"fp32": torch.float32, "fp16": torch.float16}.get(precision, torch.bfloat16)
+
+
+def transformer_config(cfg: DictConfig, backend: Backend) -> TransformerConfig:
     import torch.nn.functional as F
     from megatron.core.transformer.transformer_config import TransformerConfig
 
     m, p, t = cfg.model, cfg.parallel, cfg.train
-    dtype = {"fp32": torch.float32, "fp16": torch.float16}.get(t.precision, torch.bfloat16)
+    dtype = params_dtype(t.precision)
     recompute = {}
     if t.recompute == "selective":
         recompute = dict(recompute_granularity="selective")

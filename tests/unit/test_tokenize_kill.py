@@ -63,21 +63,15 @@ def test_killed_task_leaves_nothing_readable_and_rerun_is_identical(tokenized, t
     assert not tokenize.marker_path(prefix).exists()
     assert not RunLayout.of(str(killed)).manifest.exists()
 
-    subprocess.run(
-        _tokenize_command(killed, corpus, model),
-        cwd=CONF.parent,
-        check=True,
-        capture_output=True,
-        timeout=600,
-    )
     clean = tmp_path / "clean"
-    subprocess.run(
-        _tokenize_command(clean, corpus, model),
-        cwd=CONF.parent,
-        check=True,
-        capture_output=True,
-        timeout=600,
-    )
+    for workdir in (killed, clean):  # resume the killed run; tokenize afresh for comparison
+        subprocess.run(
+            _tokenize_command(workdir, corpus, model),
+            cwd=CONF.parent,
+            check=True,
+            capture_output=True,
+            timeout=600,
+        )
     resumed_marker = files.read_json(tokenize.marker_path(prefix))
     clean_marker = files.read_json(tokenize.marker_path(RunLayout.of(str(clean)).shard_prefix(0)))
     for key in ("bin_sha256", "idx_sha256", "documents", "tokens"):

@@ -39,7 +39,7 @@ def test_a_damaged_shard_is_refused(run_copy):
     idx = layout.shard_prefix(1).with_suffix(".idx")
     idx.chmod(0o644)
     raw = bytearray(idx.read_bytes())
-    raw[0:4] = b"XXXX"
+    raw[0:4] = bytes(4)  # overwrite the index magic, as a torn or foreign file would
     idx.write_bytes(bytes(raw))
     with pytest.raises(verify.CorruptShard, match="shard 1 .* incomplete|bad magic"):
         verify.run(run_copy)
