@@ -110,6 +110,8 @@ class TrainConfig:
     init_on_cpu: bool = False
     seed: int = 1234
     log_interval: int = 10
+    # [first, last]: profile these steps (1-based) with torch.profiler into train/profile.txt
+    profile_steps: list[int] = field(default_factory=list)
     eval_interval: int = 100
     eval_iters: int = 10  # validation micro-batches per data-parallel rank, the same each time
     save_interval: int = 200  # 0: no checkpoints (benchmarks)
@@ -220,6 +222,12 @@ def validate(cfg: DictConfig) -> DictConfig:
         _require(t[key] > 0, f"train.{key}", "must be positive")
     _require(t.save_interval >= 0, "train.save_interval", "must be >= 0 (0: no checkpoints)")
     _require(t.keep_last >= 1, "train.keep_last", "must be at least 1")
+    ps = list(t.profile_steps)
+    _require(
+        not ps or (len(ps) == 2 and 1 <= ps[0] <= ps[1] <= t.steps),
+        "train.profile_steps",
+        f"{ps} is not [first, last] with 1 <= first <= last <= train.steps",
+    )
     _one_of(cfg, "cluster.name", ("local", "slurm"))
     gpus, tasks = cfg.cluster.gpus_per_node, cfg.cluster.tasks_per_node
     _require(

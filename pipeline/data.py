@@ -9,14 +9,16 @@ documents: exactly the documents no training step saw.
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
 from omegaconf import DictConfig
 
-from pipeline import files
+from pipeline import distributed, files
 from pipeline.config import ConfigError, data_parallel_size
+from pipeline.indexed import read_index
 from pipeline.layout import RunLayout
 
 SPLITS = ("train", "validation", "test")
@@ -36,30 +38,30 @@ class Tokenizer:
 
 
 def split_bounds(num_documents: int, split: str) -> list[tuple[int, int]]:
-    """Document ranges of train/validation/test, rounded exactly as megatron-core rounds them."""
-    from megatron.core.datasets.blended_megatron_dataset_config import (
-        convert_split_vector_to_split_matrix,
-        parse_and_normalize_split,
-    )
-
-    matrix = convert_split_vector_to_split_matrix(parse_and_normalize_split(split))
-    return [
-        (0, 0)
-        if bounds is None
-        else (int(round(bounds[0] * num_documents)), int(round(bounds[1] * num_documents)))
-        for bounds in matrix
-    ]
+    """Document ranges of train/validation/test, rounded exactly as megatron-core's
+    BlendedMegatronDatasetBuilder rounds them (weights normalized, cumulative bookends)."""
+    weights = [float(w) for w in re.findall(r"[.0-9]+", split)]
+    weights += [0.0] * (len(SPLITS) - len(weights))
+    total = float(np.sum(np.array(weights, dtype=np.float64)))
+    ends = np.cumsum([0.0, *(np.array(weights, dtype=np.float64) / total).tolist()]).tolist()
+    bounds = []
+    for begin, end in zip(ends[:-1], ends[1:], strict=True):
+        if end <= begin:  # an empty split
+            bounds.append((0, 0))
+        else:
+            bounds.append((int(round(begin * num_documents)), int(round(end * num_documents))))
+    return bounds
 
 
 def split_tokens(prefix: str, split: str) -> dict[str, int]:
-    """Tokens in each split of one shard (one sequence per document)."""
-    from megatron.core.datasets.indexed_dataset import IndexedDataset
-
-    dataset = IndexedDataset(prefix, mmap=True)  # keep it alive: lengths view its memory map
-    lengths = np.asarray(dataset.sequence_lengths, dtype=np.int64)
+    """Tokens in each split of one shard. megatron-core splits documents, not sequences: an
+    empty document has no sequence, so document d's sequences are doc_index[d]..doc_index[d+1]."""
+    index = read_index(f"{prefix}.idx")
+    ends = np.concatenate([[0], np.cumsum(index.sequence_lengths, dtype=np.int64)])
+    doc_index = index.document_indices
     return {
-        name: int(lengths[beg:end].sum())
-        for name, (beg, end) in zip(SPLITS, split_bounds(len(lengths), split), strict=True)
+        name: int(ends[doc_index[end]] - ends[doc_index[beg]])
+        for name, (beg, end) in zip(SPLITS, split_bounds(len(doc_index) - 1, split), strict=True)
     }
 
 
@@ -123,9 +125,11 @@ def _build(cfg: DictConfig, manifest: dict, weighted: bool, sizes: list[int | No
 
     check_splits(manifest, cfg)
     logging.getLogger("megatron.core.datasets").setLevel(logging.WARNING)
-    return BlendedMegatronDatasetBuilder(
+    builder = BlendedMegatronDatasetBuilder(
         GPTDataset, sizes, lambda: True, _config(cfg, manifest, weighted)
-    ).build()
+    )
+    with distributed.group_for_this_call():  # the blended dataset asks for a rank even alone
+        return builder.build()
 
 
 def train_valid_datasets(cfg: DictConfig, manifest: dict | None = None):

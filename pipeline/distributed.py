@@ -6,7 +6,9 @@ Stages call this and never read scheduler variables: the launcher translates tho
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -57,3 +59,20 @@ def shutdown() -> None:
 
     if dist.is_initialized():
         dist.destroy_process_group()
+
+
+@contextlib.contextmanager
+def group_for_this_call() -> Iterator[None]:
+    """A process group for code that asks for a rank (megatron-core's dataset builder) when
+    none exists yet, removed afterwards: a later stage in this process sets up its own (nccl
+    on GPUs), which an existing gloo group would prevent."""
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        yield
+        return
+    init("gloo")
+    try:
+        yield
+    finally:
+        shutdown()

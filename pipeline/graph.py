@@ -1,7 +1,7 @@
 """The job graph: which steps a run needs, in order, each with its completion check.
 
 The user-facing stages expand into steps: tokenize = tokenizer (when none is given) -> shard
-array -> verify; then train; then evaluate. A step that is already complete is left out, so a
+array -> verify; train = index (the dataset index cache, on a CPU) -> train; then evaluate. A step that is already complete is left out, so a
 rerun resumes at the first incomplete step and never redoes finished work.
 """
 
@@ -13,7 +13,7 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from pipeline import corpus, files, shards, tokenize, tokenizer, verify
+from pipeline import corpus, files, index_cache, shards, tokenize, tokenizer, verify
 from pipeline.config import tasks_per_node
 from pipeline.layout import RunLayout
 
@@ -91,6 +91,9 @@ def build(cfg: DictConfig, prepare: bool = True) -> list[Step]:
             Step("verify", verify.run, verify.is_complete, **cpu),
         ]
     if "train" in cfg.stages:
+        steps.append(
+            Step("index", index_cache.run, index_cache.is_complete, time_limit=c.cpu_time_limit)
+        )
         steps.append(
             Step(
                 "train",

@@ -48,11 +48,17 @@ class RunLayout:
     def manifest(self) -> Path:
         return self.data_dir / "manifest.json"
 
+    # train stage
     @property
     def index_cache(self) -> Path:
-        return self.data_dir / "index-cache"
+        """megatron-core's dataset index cache for this run's splits (its own, also when the
+        data folder is shared with other runs: the cache depends on the training config)."""
+        return self.root / "index-cache"
 
-    # train stage
+    @property
+    def index_done(self) -> Path:
+        return self.index_cache / "DONE.json"
+
     @property
     def checkpoints(self) -> Path:
         return self.root / "checkpoints"

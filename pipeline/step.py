@@ -2,7 +2,7 @@
 sbatch scripts written by hand (see slurm/). Under srun every task calls it: the distributed
 environment comes from Slurm's variables, an array task's index from SLURM_ARRAY_TASK_ID.
 
-    STEP: tokenizer | tokenize | verify | train | evaluate
+    STEP: tokenizer | tokenize | verify | index | train | evaluate
 """
 
 from __future__ import annotations

@@ -13,11 +13,9 @@ from __future__ import annotations
 import json
 import os
 import queue
-import struct
 import sys
 import threading
 import time
-from array import array
 from collections import Counter, deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -26,6 +24,7 @@ from pathlib import Path
 from omegaconf import DictConfig
 
 from pipeline import files
+from pipeline.indexed import ShardWriter
 from pipeline.layout import RunLayout
 from pipeline.records import BadRecord, Document, Reject, Span, read
 from pipeline.shards import plan
@@ -102,55 +101,6 @@ def _encoded(batches: Iterator[list], sp, threads: int) -> Iterator[tuple[list, 
         while pending:
             head, future = pending.popleft()
             yield head, future.result()
-
-
-class ShardWriter:
-    """Writes the .bin/.idx pair that megatron-core's IndexedDatasetBuilder writes for one
-    sequence per document, byte for byte (tests compare the two), without importing
-    megatron-core and torch: that import is seconds of start-up in every task."""
-
-    HEADER = b"MMIDIDX\x00\x00"
-
-    def __init__(self, bin_path: str, vocab_size: int) -> None:
-        # DType.optimal_dtype: uint16 (code 8) below 65500 pieces, else int32 (code 4)
-        self.typecode, self.dtype_code = ("H", 8) if vocab_size < 65500 else ("i", 4)
-        self.itemsize = array(self.typecode).itemsize
-        self.bin = open(bin_path, "wb")  # noqa: SIM115 (closed by finalize)
-        self.lengths = array("i")  # int32 tokens per sequence
-        self.document_indices = array("q", [0])  # int64 sequence index ending each document
-        assert self.lengths.itemsize == 4 and self.document_indices.itemsize == 8
-
-    def add_documents(self, encoded: list[list[int]], eod: int) -> int:
-        """Append documents, eod-terminated, one sequence each; returns the tokens written."""
-        tokens = array(self.typecode)
-        for ids in encoded:
-            tokens.fromlist(ids)
-            tokens.append(eod)
-            self.lengths.append(len(ids) + 1)
-            self.document_indices.append(len(self.lengths))
-        self.bin.write(tokens)
-        return len(tokens)
-
-    def end_document(self) -> None:
-        """An empty document (no sequence), as preprocess_data.py writes for one."""
-        self.document_indices.append(len(self.lengths))
-
-    def finalize(self, idx_path: str) -> None:
-        import numpy as np
-
-        self.bin.close()
-        lengths = np.frombuffer(self.lengths, dtype=np.int32)
-        pointers = np.zeros(len(lengths), dtype=np.int64)
-        np.cumsum(lengths[:-1], dtype=np.int64, out=pointers[1:])
-        with open(idx_path, "wb") as f:
-            f.write(self.HEADER)
-            f.write(struct.pack("<Q", 1))
-            f.write(struct.pack("<B", self.dtype_code))
-            f.write(struct.pack("<Q", len(lengths)))
-            f.write(struct.pack("<Q", len(self.document_indices)))
-            f.write(lengths.tobytes())
-            f.write((pointers * self.itemsize).tobytes())
-            f.write(np.frombuffer(self.document_indices, dtype=np.int64).tobytes())
 
 
 def _write_batch(

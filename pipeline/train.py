@@ -19,6 +19,7 @@ from pipeline import checkpoint, data, files, flops, report
 from pipeline.config import world_size
 from pipeline.engine import Engine
 from pipeline.layout import RunLayout
+from pipeline.profiling import StepProfiler
 
 
 class StopRequest:
@@ -165,14 +166,19 @@ class Trainer(Engine):
         iterators = self.iterators(train_ds, self.state.consumed_samples, t.micro_batch_size)
         writer = self._tensorboard()
         stop = StopRequest()
+        profiler = StepProfiler(
+            list(t.profile_steps), self.layout.train_dir / "profile.txt", self.is_logger
+        )
         window_seconds, window_steps = 0.0, 0
         tokens_per_step = t.global_batch_size * cfg.model.seq_length
         while self.state.step < t.steps:
+            profiler.step_starts(self.state.step + 1)
             started = time.time()
             loss, grad_norm, updated = self.train_step(iterators)  # reading the loss syncs
             window_seconds += time.time() - started
             st = self.state
             st.step += 1
+            profiler.step_ends(st.step)
             st.consumed_samples += t.global_batch_size
             st.tokens += tokens_per_step
             st.skipped_steps += not updated

@@ -1,20 +1,24 @@
-"""After the tokenize array: check every shard, write manifest.json, prebuild the dataset
-index cache, so training jobs start without CPU-side index building."""
+"""After the tokenize array: check every shard, optionally merge them, write manifest.json.
+
+Reads the files with `pipeline.indexed`, not megatron-core: this step imports neither it nor
+torch, so a tokenize-only run pays no seconds of start-up for them. The dataset index cache
+for a training run is built by the train stage's own `index` step (pipeline.index_cache).
+"""
 
 from __future__ import annotations
 
+import os
 import time
 from collections import Counter
 
 import numpy as np
 from omegaconf import DictConfig
 
-from pipeline import distributed, files
+from pipeline import files
+from pipeline.indexed import CorruptIndex, read_index
 from pipeline.layout import RunLayout
 from pipeline.shards import plan
 from pipeline.tokenize import is_shard_complete, marker_path
-
-MAGIC = b"MMIDIDX\x00\x00"
 
 
 class CorruptShard(RuntimeError):
@@ -22,21 +26,23 @@ class CorruptShard(RuntimeError):
 
 
 def check_shard(prefix: str, marker: dict, vocab_size: int) -> None:
-    """Magic, counts and token ids of one shard, read back through megatron-core."""
-    from megatron.core.datasets.indexed_dataset import IndexedDataset
-
-    with open(f"{prefix}.idx", "rb") as f:
-        if f.read(len(MAGIC)) != MAGIC:
-            raise CorruptShard(f"{prefix}.idx: not a Megatron index (bad magic)")
-    ds = IndexedDataset(prefix, mmap=True)
-    lengths = ds.sequence_lengths
-    if int(np.asarray(lengths, dtype=np.int64).sum()) != marker["tokens"]:
-        raise CorruptShard(f"{prefix}: token count differs from its marker")
+    """Magic, counts, sizes and token ids of one shard against its marker and the vocabulary."""
+    try:
+        index = read_index(f"{prefix}.idx")
+    except CorruptIndex as e:
+        raise CorruptShard(str(e)) from None
+    lengths = index.sequence_lengths
     if len(lengths) != marker["documents"]:
         raise CorruptShard(f"{prefix}: {len(lengths)} sequences, marker says {marker['documents']}")
-    tokens = np.memmap(f"{prefix}.bin", dtype=ds.index.dtype, mode="r")
-    if tokens.size and int(tokens.max()) >= vocab_size:
-        raise CorruptShard(f"{prefix}.bin: token id {int(tokens.max())} >= vocab size {vocab_size}")
+    tokens = int(lengths.sum(dtype=np.int64))
+    if tokens != marker["tokens"]:
+        raise CorruptShard(f"{prefix}: {tokens} tokens, marker says {marker['tokens']}")
+    size = os.path.getsize(f"{prefix}.bin")
+    if size != tokens * np.dtype(index.dtype).itemsize:
+        raise CorruptShard(f"{prefix}.bin: {size} bytes, its index says {tokens} tokens")
+    ids = np.memmap(f"{prefix}.bin", dtype=index.dtype, mode="r") if tokens else np.zeros(0)
+    if ids.size and int(ids.max()) >= vocab_size:
+        raise CorruptShard(f"{prefix}.bin: token id {int(ids.max())} >= vocab size {vocab_size}")
 
 
 def merge(layout: RunLayout, shards: list[dict], groups: int, split: str) -> list[dict]:
@@ -131,10 +137,6 @@ def run(cfg: DictConfig) -> dict:
         },
     }
     data.check_splits(manifest, cfg)
-    distributed.init("gloo")  # megatron-core's blended dataset asks for a rank even alone
-    data.train_valid_datasets(cfg, manifest)
-    if "evaluate" in cfg.stages:
-        data.test_dataset(cfg, manifest)
     manifest["total"]["verify_seconds"] = round(time.time() - started, 2)
     files.write_json(layout.manifest, manifest)  # last: a manifest means the data is ready
     return manifest

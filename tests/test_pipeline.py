@@ -55,7 +55,7 @@ def test_whole_pipeline_then_rerun_and_single_stages(tmp_path):
     assert all(s["greedy"] or s["sampled"] for s in evaluation["samples"])
 
     again = pipeline(f"workdir={workdir}", *SMALL, "train.steps=40")
-    assert "already complete: tokenizer, tokenize, verify, train, evaluate" in again.stderr
+    assert "already complete: tokenizer, tokenize, verify, index, train, evaluate" in again.stderr
 
     (workdir / "eval" / "DONE.json").unlink()
     alone = pipeline(

@@ -1,11 +1,15 @@
 """Training throughput on a GPU host: the pipeline's real training stage beside Hugging Face
 transformers baselines of the same shape, measured in one run.
 
-    python tools/bench_train.py --models gpt-350m gpt-1.3b --workdir /tmp/bench
+    python tools/bench_train.py --workdir /tmp/bench \
+        --stage "gpt-1.3b mb=16 ga=4" --stage "gpt-1.3b mb=16 ga=4 train.precision=fp8" \
+        --baselines loop trainer
 
-For each model it prints tokens/s, TFLOP/s per GPU and MFU (Megatron-LM's FLOP formula,
-peak 989 TFLOP/s bf16 on H100/H200) and peak memory, for: the training stage (this project);
-a plain transformers loop (LlamaForCausalLM, SDPA, bf16 weights, fused AdamW); and
+Each --stage is a model name, mb= (micro-batch), ga= (accumulation) and any pipeline
+overrides. For each it prints tokens/s, TFLOP/s per GPU and MFU (Megatron-LM's FLOP formula,
+peak 989 TFLOP/s bf16 on H100/H200), the measured peak memory beside the planner's estimate
+(`pipeline.plan`) for that config, for the training stage (this project); and, per model, a
+plain transformers loop (LlamaForCausalLM, SDPA, bf16 weights, fused AdamW) and
 transformers.Trainer with bf16. Medians over the timed steps, after warm-up steps.
 """
 
@@ -18,6 +22,7 @@ import statistics
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -27,9 +32,7 @@ SEQ = 2048
 VOCAB = 32000
 
 
-def stage_overrides(
-    model: str, micro: int, global_batch: int, steps: int, precision: str
-) -> list[str]:
+def stage_overrides(model: str, micro: int, global_batch: int, steps: int) -> list[str]:
     return [
         "cluster=local",
         "train=gpu",
@@ -43,51 +46,83 @@ def stage_overrides(
         "train.warmup_steps=1",
         "train.log_interval=1",
         f"train.eval_interval={steps}",
-        f"train.save_interval={steps}",
+        "train.save_interval=0",  # no checkpoint writes in a throughput run
         "train.eval_iters=1",
-        f"train.precision={precision}",
         "data.num_shards=1",
         "data.split='96,2,2'",
         "stages=[tokenize,train]",
     ]
 
 
-def run_stage(
-    workdir: Path,
-    model: str,
-    micro: int,
-    global_batch: int,
-    steps: int,
-    warmup: int,
-    precision: str,
-    data: Path,
-) -> dict:
+@dataclass
+class StageRun:
+    """One --stage: model, micro-batch, accumulation and any other overrides."""
+
+    model: str
+    micro: int
+    accumulation: int
+    extra: list[str]
+
+    @classmethod
+    def parse(cls, spec: str) -> StageRun:
+        model, *rest = spec.split()
+        micro, accumulation, extra = 16, 4, []
+        for item in rest:
+            key, _, value = item.partition("=")
+            if key == "mb":
+                micro = int(value)
+            elif key == "ga":
+                accumulation = int(value)
+            else:
+                extra.append(item)
+        return cls(model, micro, accumulation, extra)
+
+    @property
+    def label(self) -> str:
+        return " ".join([f"mb{self.micro}x{self.accumulation}", *self.extra]) or "default"
+
+    def overrides(self, steps: int) -> list[str]:
+        gb = self.micro * self.accumulation
+        return [*stage_overrides(self.model, self.micro, gb, steps), *self.extra]
+
+
+def planned_memory_gib(overrides: list[str]) -> float:
+    """The planner's estimate of torch's peak allocation for the config (total - overhead)."""
+    from pipeline import plan
+    from tests.conftest import make_config
+
+    cfg = make_config("/tmp/unused", *overrides)
+    memory = plan.memory_per_gpu(cfg, VOCAB)
+    return (memory["total"] - memory["overhead"]) / 2**30
+
+
+def run_stage(workdir: Path, run: StageRun, steps: int, warmup: int, data: Path) -> dict:
     """The real training stage as users run it; throughput from its metrics after warm-up."""
     workdir.mkdir(parents=True, exist_ok=True)
     for name in ("corpus", "tokenizer", "data"):
         if not (workdir / name).exists():
             (workdir / name).symlink_to(data / name)
-    cmd = [
-        sys.executable,
-        "-m",
-        "pipeline",
-        f"workdir={workdir}",
-        *stage_overrides(model, micro, global_batch, steps, precision),
-    ]
+    overrides = run.overrides(warmup + steps)
+    cmd = [sys.executable, "-m", "pipeline", f"workdir={workdir}", *overrides]
     started = time.time()
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+    (workdir / "stage.log").write_text(proc.stderr)
     if proc.returncode != 0:
         return {"error": proc.stderr[-1500:]}
     records = [
         json.loads(line) for line in (workdir / "train" / "metrics.jsonl").read_text().splitlines()
     ]
     timed = [r for r in records if "tokens_per_s" in r and r["step"] > warmup]
+    peak = max(r.get("peak_mem_gib", 0.0) for r in timed)
+    planned = planned_memory_gib(overrides)
     return {
         "tokens_per_s": statistics.median(r["tokens_per_s"] for r in timed),
         "tflops_per_gpu": statistics.median(r["tflops_per_gpu"] for r in timed),
         "mfu": statistics.median(r.get("mfu", 0.0) for r in timed),
-        "peak_mem_gib": max(r.get("peak_mem_gib", 0.0) for r in timed),
-        "final_loss": records[-1].get("loss") or timed[-1]["loss"],
+        "peak_mem_gib": peak,
+        "planned_mem_gib": planned,
+        "memory_error": (planned - peak) / peak if peak else None,
+        "final_loss": timed[-1]["loss"],
         "wall_s": time.time() - started,
         "command": " ".join(cmd[1:]),
     }
@@ -101,7 +136,7 @@ def prepare_data(base: Path, model: str) -> Path:
             "-m",
             "pipeline",
             f"workdir={base}",
-            *stage_overrides(model, 1, 1, 10, "bf16"),
+            *stage_overrides(model, 1, 1, 10),
             "stages=[tokenize]",
         ]
         subprocess.run(cmd, cwd=ROOT, check=True, capture_output=True, text=True)
@@ -247,26 +282,28 @@ def baseline_subprocess(
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--stage",
+        action="append",
+        help='e.g. "gpt-1.3b mb=16 ga=4 train.precision=fp8" (repeatable)',
+    )
     parser.add_argument("--models", nargs="+", default=["gpt-350m", "gpt-1.3b"])
     parser.add_argument("--micro-batch", type=int, default=16)
-    parser.add_argument("--hf-micro-batch", type=int, default=None)
-    parser.add_argument("--accumulation", type=int, default=4)
+    parser.add_argument("--hf-micro-batch", type=int, nargs="+", default=None)
     parser.add_argument("--steps", type=int, default=12)
     parser.add_argument("--warmup", type=int, default=3)
-    parser.add_argument("--precision", nargs="+", default=["bf16"])
     parser.add_argument("--baselines", nargs="*", default=["loop", "trainer"])
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/bench-train"))
+    parser.add_argument("--data", type=Path, help="a tokenized run folder (32k vocab) to reuse")
     parser.add_argument("--baseline", help=argparse.SUPPRESS)
     args = parser.parse_args()
 
     if args.baseline:  # child process of one baseline
-        fn = hf_loop if args.baseline == "loop" else None
-        model = args.models[0]
-        result = (
-            fn(model, args.micro_batch, args.steps, args.warmup)
-            if fn
-            else hf_trainer(model, args.micro_batch, args.steps, args.warmup, args.workdir)
-        )
+        model, micro = args.models[0], args.micro_batch
+        if args.baseline == "loop":
+            result = hf_loop(model, micro, args.steps, args.warmup)
+        else:
+            result = hf_trainer(model, micro, args.steps, args.warmup, args.workdir)
         print(json.dumps(result))
         return
 
@@ -277,57 +314,47 @@ def main() -> None:
         f"{time.strftime('%Y-%m-%d %H:%M')}",
         flush=True,
     )
+    runs = [StageRun.parse(spec) for spec in args.stage or [f"{m} mb=16 ga=4" for m in args.models]]
+    models = list(dict.fromkeys(r.model for r in runs))
     rows = []
-    for model in args.models:
-        data = prepare_data(args.workdir / "data-32k", model)
-        for precision in args.precision:
-            gb = args.micro_batch * args.accumulation
-            result = run_stage(
-                args.workdir / f"{model}-{precision}",
-                model,
-                args.micro_batch,
-                gb,
-                args.warmup + args.steps,
-                args.warmup,
-                precision,
-                data,
-            )
-            rows.append(
-                (
-                    model,
-                    f"pipeline stage {precision} mb{args.micro_batch}x{args.accumulation}",
-                    result,
-                )
-            )
-            print(json.dumps({"model": model, "run": rows[-1][1], **result}), flush=True)
-        hf_micro = args.hf_micro_batch or args.micro_batch
-        for kind in args.baselines:
+    for index, run in enumerate(runs):
+        data = args.data or prepare_data(args.workdir / "data-32k", run.model)
+        result = run_stage(args.workdir / f"stage-{index}", run, args.steps, args.warmup, data)
+        rows.append((run.model, f"pipeline stage {run.label}", result))
+        print(json.dumps({"model": run.model, "run": rows[-1][1], **result}), flush=True)
+    for model in models:
+        for kind, micro in zip(args.baselines, args.hf_micro_batch or [16] * 2, strict=False):
             result = baseline_subprocess(
-                kind, model, hf_micro, args.steps, args.warmup, args.workdir / f"hf-{kind}-{model}"
+                kind, model, micro, args.steps, args.warmup, args.workdir / f"hf-{kind}-{model}"
             )
-            rows.append((model, f"transformers {kind} bf16 mb{hf_micro}", result))
+            rows.append((model, f"transformers {kind} bf16 mb{micro}", result))
             print(json.dumps({"model": model, "run": rows[-1][1], **result}), flush=True)
+    print_table(rows)
 
-    print("\n| model | run | tokens/s | TFLOP/s/GPU | MFU | peak GiB | vs stage |")
-    print("|---|---|---|---|---|---|---|")
+
+def print_table(rows: list[tuple[str, str, dict]]) -> None:
+    """Markdown: each row's throughput, memory (with the plan's estimate) and its ratio to the
+    model's first stage row."""
+    print("\n| model | run | tokens/s | TFLOP/s/GPU | MFU | peak GiB | planned GiB | "
+          "plan error | first stage row / this |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|---|")
     for model, name, r in rows:
         if "error" in r:
-            print(
-                f"| {model} | {name} | failed: {r['error'].splitlines()[-1] if r['error'] else '?'} |"
-            )
+            last = r["error"].strip().splitlines()[-1] if r["error"].strip() else "?"
+            print(f"| {model} | {name} | failed: {last[:200]} |")
             continue
         ref = next(
-            (
-                x
-                for m, n, x in rows
-                if m == model and n.startswith("pipeline stage bf16") and "error" not in x
-            ),
+            (x for m, n, x in rows if m == model and n.startswith("pipeline") and "error" not in x),
             None,
         )
         ratio = f"{ref['tokens_per_s'] / r['tokens_per_s']:.2f}x" if ref else "-"
+        planned = r.get("planned_mem_gib")
+        error = r.get("memory_error")
         print(
             f"| {model} | {name} | {r['tokens_per_s']:,.0f} | {r['tflops_per_gpu']:.0f} | "
-            f"{100 * r['mfu']:.1f}% | {r['peak_mem_gib']:.1f} | {ratio} |"
+            f"{100 * r['mfu']:.1f}% | {r['peak_mem_gib']:.1f} | "
+            f"{f'{planned:.1f}' if planned else '-'} | "
+            f"{f'{100 * error:+.1f}%' if error is not None else '-'} | {ratio} |"
         )
 
 

@@ -1,5 +1,6 @@
 """The Transformer Engine path on real GPUs: the model learns in bf16 and fp8, resume continues
-the loss curve, and 2-GPU data and tensor parallelism match the 1-GPU curve."""
+the loss curve, the profiler attributes device time, and 2-GPU data and tensor parallelism
+match the 1-GPU curve."""
 
 from __future__ import annotations
 
@@ -85,23 +86,32 @@ def close(a: dict[int, float], b: dict[int, float], rtol: float) -> bool:
     return a.keys() == b.keys() and all(abs(a[s] - b[s]) <= rtol * abs(a[s]) for s in a)
 
 
-def test_bf16_trains_and_loss_falls(data_dir, tmp_path):
-    run = with_data(data_dir, tmp_path / "bf16")
-    summary = pipeline(run)
+@pytest.fixture(scope="module")
+def bf16_run(data_dir, tmp_path_factory) -> tuple[Path, dict]:
+    """One whole bf16 run (train and evaluate): the reference curve for the other tests."""
+    run = with_data(data_dir, tmp_path_factory.mktemp("gpu") / "bf16")
+    return run, pipeline(run)
+
+
+def test_bf16_trains_and_loss_falls(bf16_run):
+    run, summary = bf16_run
     assert summary["last_train_loss"] < summary["first_train_loss"] - 1.0
     assert summary["test_ppl"] < summary["vocab_size"] / 4
+    samples = json.loads((run / "eval" / "DONE.json").read_text())["samples"]
+    assert samples and all(s["greedy"] for s in samples)
 
 
-def test_resume_reproduces_the_uninterrupted_loss_curve(data_dir, tmp_path):
-    run = with_data(data_dir, tmp_path / "resume")
-    pipeline(run, "stages=[tokenize,train]")
-    uninterrupted = curve(run)
+def test_resume_reproduces_the_uninterrupted_loss_curve(bf16_run, tmp_path):
+    reference, _ = bf16_run
+    run = tmp_path / "resume"
+    shutil.copytree(reference, run, symlinks=True)
     shutil.rmtree(run / "checkpoints" / "iter_0000060")
-    (run / "train" / "DONE.json").unlink()
-    (run / "train" / "metrics.jsonl").unlink()
+    for path in ("train/DONE.json", "train/metrics.jsonl", "eval/DONE.json", "summary.json"):
+        (run / path).unlink()
     pipeline(run, "stages=[tokenize,train]")
     resumed = curve(run)
     assert sorted(resumed) == list(range(31, 61))
+    uninterrupted = curve(reference)
     assert close(resumed, {s: uninterrupted[s] for s in resumed}, rtol=2e-3), (
         resumed,
         uninterrupted,
@@ -109,14 +119,19 @@ def test_resume_reproduces_the_uninterrupted_loss_curve(data_dir, tmp_path):
 
 
 @pytest.mark.parametrize("recipe", ["delayed", "tensorwise"])
-def test_fp8_runs_and_tracks_bf16(data_dir, tmp_path, recipe):
-    bf16 = with_data(data_dir, tmp_path / "bf16")
+def test_fp8_runs_and_tracks_bf16(bf16_run, data_dir, tmp_path, recipe):
     fp8 = with_data(data_dir, tmp_path / f"fp8-{recipe}")
-    pipeline(bf16, "stages=[tokenize,train]")
     pipeline(fp8, "stages=[tokenize,train]", "train.precision=fp8", f"train.fp8_recipe={recipe}")
-    a, b = curve(bf16), curve(fp8)
+    a, b = curve(bf16_run[0]), curve(fp8)
     tail = [s for s in a if s > 50]
     assert all(abs(a[s] - b[s]) <= 0.03 * a[s] for s in tail), (a, b)
+
+
+def test_profiled_steps_show_where_device_time_goes(data_dir, tmp_path):
+    run = with_data(data_dir, tmp_path / "profiled")
+    pipeline(run, "stages=[tokenize,train]", "train.steps=8", "train.profile_steps=[5,6]")
+    table = (run / "train" / "profile.txt").read_text()
+    assert "| gemm |" in table and "| attention |" in table, table
 
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs")

@@ -73,22 +73,22 @@ def test_the_whole_graph_runs_as_chained_jobs(slurm_cluster, tmp_path):
     started = time.time()
     submitted = pipeline("cluster=slurm", f"workdir={workdir}", *SMALL, "cluster.tasks_per_node=2")
     assert time.time() - started < 60, "submission must return at once"
-    for step in ("tokenizer", "tokenize", "verify", "train", "evaluate"):
+    for step in ("tokenizer", "tokenize", "verify", "index", "train", "evaluate"):
         assert f"{step}: submitted job" in submitted.stderr
     states = wait_for(workdir, 600)
     assert all(r["state"] == "COMPLETED" for rs in states.values() for r in rs), states
     plan = json.loads((workdir / "data" / "plan.json").read_text())
     assert len(states["tokenize"]) == len(plan["shards"]) == 2  # one array task per shard
-    order = ["tokenizer", "tokenize", "verify", "train", "evaluate"]
+    order = ["tokenizer", "tokenize", "verify", "index", "train", "evaluate"]
     for before, after in zip(order, order[1:], strict=False):
         assert max(r["end"] for r in states[before]) <= min(r["start"] for r in states[after])
     summary = json.loads((workdir / "summary.json").read_text())
     assert summary["train_steps"] == 20 and summary["test_ppl"] < 512
     status = pipeline(f"workdir={workdir}", module="pipeline.status")
-    assert status.stdout.count("COMPLETE") == 5
+    assert status.stdout.count("COMPLETE") == 6
     again = pipeline("cluster=slurm", f"workdir={workdir}", *SMALL, "cluster.tasks_per_node=2")
     assert "submitted job" not in again.stderr
-    assert "already complete: tokenizer, tokenize, verify, train, evaluate" in again.stderr
+    assert "already complete: tokenizer, tokenize, verify, index, train, evaluate" in again.stderr
 
 
 def test_a_failed_step_cancels_the_steps_after_it(slurm_cluster, tmp_path):
@@ -98,7 +98,7 @@ def test_a_failed_step_cancels_the_steps_after_it(slurm_cluster, tmp_path):
     pipeline("cluster=slurm", f"workdir={workdir}", *SMALL, f"data.inputs=[{corpus}]")
     states = wait_for(workdir, 300)
     assert states["tokenizer"][0]["state"] == "FAILED"
-    for step in ("tokenize", "verify", "train", "evaluate"):
+    for step in ("tokenize", "verify", "index", "train", "evaluate"):
         assert all(r["state"] == "CANCELLED" for r in states[step]), states
     status = pipeline(f"workdir={workdir}", module="pipeline.status", check=False)
     assert status.returncode == 1

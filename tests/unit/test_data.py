@@ -55,3 +55,57 @@ def test_sampler_resumes_exactly_where_it_stopped():
     assert resumed == whole[5:]
     rank0 = list(data.MicroBatchSampler(100, 4, dp_rank=0, dp_size=2))
     assert not {i for b in whole for i in b} & {i for b in rank0 for i in b}
+
+
+@pytest.mark.parametrize("split", ["90,5,5", "98,1,1", "949,50,1", "1,1,1", "100,0,0", "7,0,3"])
+@pytest.mark.parametrize("documents", [1, 7, 95, 1000, 123457])
+def test_split_bounds_round_as_megatron_core_does(split, documents):
+    from megatron.core.datasets.blended_megatron_dataset_config import (
+        convert_split_vector_to_split_matrix,
+        parse_and_normalize_split,
+    )
+
+    matrix = convert_split_vector_to_split_matrix(parse_and_normalize_split(split))
+    expected = [
+        (0, 0) if b is None else (int(round(b[0] * documents)), int(round(b[1] * documents)))
+        for b in matrix
+    ]
+    assert data.split_bounds(documents, split) == expected
+
+
+def test_split_tokens_count_what_megatron_core_splits_with_empty_documents(tmp_path):
+    """An empty document has no sequence: splits are over documents, not sequences."""
+    from megatron.core.datasets.indexed_dataset import IndexedDataset
+
+    from pipeline.indexed import ShardWriter
+
+    writer = ShardWriter(str(tmp_path / "s.bin"), 512)
+    for n in range(40):
+        if n % 3 == 0:
+            writer.end_document()
+        else:
+            writer.add_documents([list(range(1, n + 2))], eod=2)
+    writer.finalize(str(tmp_path / "s.idx"))
+    ds = IndexedDataset(str(tmp_path / "s"))
+    counts = data.split_tokens(str(tmp_path / "s"), "80,10,10")
+    docs = ds.document_indices
+    bounds = data.split_bounds(len(docs) - 1, "80,10,10")
+    for name, (beg, end) in zip(data.SPLITS, bounds, strict=True):
+        expected = int(ds.sequence_lengths[docs[beg] : docs[end]].sum())
+        assert counts[name] == expected, name
+    assert sum(counts.values()) == int(ds.sequence_lengths.sum())
+
+
+def test_the_index_step_builds_the_cache_for_this_config_and_redoes_it_when_it_changes(run_copy):
+    from pipeline import index_cache
+    from pipeline.layout import RunLayout
+    from tests.conftest import SMALL, make_config
+
+    assert not index_cache.is_complete(run_copy)
+    marker = index_cache.run(run_copy)
+    assert index_cache.is_complete(run_copy)
+    cache = RunLayout.of(run_copy.workdir).index_cache
+    assert list(cache.glob("*-GPTDataset-train-shuffle_index.npy"))
+    assert marker["samples"]["train"] >= run_copy.train.steps * run_copy.train.global_batch_size
+    longer = make_config(run_copy.workdir, *SMALL, "train.steps=40")
+    assert not index_cache.is_complete(longer)
