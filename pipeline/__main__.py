@@ -60,6 +60,10 @@ def execute(cfg: DictConfig) -> int:
     if cfg.data.prepared:
         sweep.link_prepared_data(cfg)
     check_stage_inputs(cfg)
+    if "train" in cfg.stages:  # refuse what would fail after hours in the queue
+        from pipeline import plan
+
+        plan.preflight(cfg, plan.vocab_size_of(cfg)[0])
     layout = RunLayout.of(cfg.workdir)
     if cfg.dry_run:
         launch_steps(cfg)

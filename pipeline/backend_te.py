@@ -24,6 +24,19 @@ def _apex_available() -> bool:
     return True
 
 
+def _require_fp8() -> None:
+    """fp8 GEMMs need Transformer Engine's fp8 support on this GPU (compute capability 8.9+)."""
+    import transformer_engine.pytorch as te
+
+    if not te.is_fp8_available():
+        name = torch.cuda.get_device_name()
+        cc = ".".join(map(str, torch.cuda.get_device_capability()))
+        raise RuntimeError(
+            f"train.precision=fp8: Transformer Engine reports no fp8 support on {name} "
+            f"(compute capability {cc}; fp8 needs 8.9 or newer); use bf16"
+        )
+
+
 class TransformerEngineBackend:
     name = "transformer_engine"
 
@@ -36,6 +49,8 @@ class TransformerEngineBackend:
 
     def transformer_options(self, cfg: DictConfig) -> dict[str, Any]:
         t = cfg.train
+        if t.precision == "fp8":
+            _require_fp8()
         options: dict[str, Any] = dict(
             use_cpu_initialization=cfg.train.init_on_cpu,
             # the fused bias-GeLU kernel needs a bias; SwiGLU fuses without one
@@ -49,6 +64,8 @@ class TransformerEngineBackend:
             gradient_accumulation_fusion=_apex_available(),
             deallocate_pipeline_outputs=True,
         )
+        if t.te_activation:  # TE's activation kernels replace megatron-core's bias fusion
+            options.update(use_te_activation_func=True, bias_activation_fusion=False)
         if t.precision == "fp8":
             options.update(
                 fp8="hybrid",
@@ -63,7 +80,9 @@ class TransformerEngineBackend:
             get_gpt_layer_with_transformer_engine_spec,
         )
 
-        return get_gpt_layer_with_transformer_engine_spec()
+        return get_gpt_layer_with_transformer_engine_spec(
+            use_te_activation_func=cfg.train.te_activation
+        )
 
     def adapt_model(self, model: torch.nn.Module) -> torch.nn.Module:
         return model
@@ -92,6 +111,8 @@ class TransformerEngineBackend:
         ]
         for chunk in wrapped:
             chunk.broadcast_params()  # identical weights on every data-parallel rank
+        if cfg.train.wgrad_fusion and not config.gradient_accumulation_fusion:
+            _fuse_wgrad_accumulation(wrapped)
         no_sync = [c.no_sync for c in wrapped]
         config.no_sync_func = no_sync[0] if len(no_sync) == 1 else no_sync
         config.finalize_model_grads_func = finalize_model_grads
@@ -161,6 +182,22 @@ class TransformerEngineBackend:
             _unwrap(chunk).load_state_dict(state["model" if len(chunks) == 1 else f"model{i}"])
         if optimizer is not None:
             optimizer.inner.load_state_dict(state["optimizer"])
+
+
+def _fuse_wgrad_accumulation(chunks: list[torch.nn.Module]) -> None:
+    """Let Transformer Engine's layers add their weight gradients straight into the fp32 main
+    gradients that DistributedDataParallel allocated (one GEMM, no bf16 copy and no separate
+    add). megatron-core enables this only with apex, which its own output layer needs; TE's
+    layers do it themselves, so switch them alone, now that main_grad exists."""
+    for chunk in chunks:
+        for module in chunk.modules():
+            weights = [p for n, p in module.named_parameters(recurse=False) if "weight" in n]
+            if (
+                hasattr(module, "fuse_wgrad_accumulation")
+                and weights
+                and all(hasattr(w, "main_grad") for w in weights)
+            ):
+                module.fuse_wgrad_accumulation = True
 
 
 def _unwrap(chunk: torch.nn.Module) -> torch.nn.Module:

@@ -108,6 +108,11 @@ class TrainConfig:
     # Initialise whole weights on the CPU, then shard them: the same initial model under any
     # tensor-parallel layout (slower to start for large models).
     init_on_cpu: bool = False
+    # GPU kernels (Transformer Engine): TE's own SwiGLU/GeLU instead of megatron-core's fused
+    # bias-activation, and weight gradients accumulated into the fp32 main gradients inside
+    # TE's GEMMs (no apex needed for TE layers). See docs/benchmarks.md for what each gains.
+    te_activation: bool = False
+    wgrad_fusion: bool = False
     seed: int = 1234
     log_interval: int = 10
     # [first, last]: profile these steps (1-based) with torch.profiler into train/profile.txt
@@ -152,6 +157,9 @@ class ClusterConfig:
     array_parallelism: int = 64
     setup: list[str] = field(default_factory=list)
     sbatch_extra: dict[str, Any] = field(default_factory=dict)
+    gpu: str | None = None  # GPU model, e.g. H100: peak FLOP/s, memory and fp8 support
+    gpu_memory_gb: float | None = None  # None: that of cluster.gpu, when known
+    checkpoint_write_gbps: float = 1.0  # write bandwidth of the checkpoint filesystem, GB/s
 
 
 @dataclass
@@ -180,6 +188,23 @@ def _require(ok: bool, key: str, message: str) -> None:
 def _one_of(cfg: DictConfig, key: str, allowed: tuple[str, ...]) -> None:
     value = OmegaConf.select(cfg, key)
     _require(value in allowed, key, f"{value!r} is not one of {', '.join(allowed)}")
+
+
+def slurm_minutes(limit: str, key: str) -> int:
+    """Slurm's [days-]hours:minutes:seconds, hours:minutes:seconds or minutes, as whole
+    minutes (seconds round up)."""
+    days, _, rest = str(limit).rpartition("-")
+    try:
+        parts = [int(p) for p in rest.split(":")]
+        day_count = int(days or 0)
+    except ValueError:
+        raise ConfigError(f"{key}: {limit!r} is not a Slurm time ([days-]hh:mm:ss)") from None
+    if len(parts) > 3 or min(parts + [day_count]) < 0:
+        raise ConfigError(f"{key}: {limit!r} is not a Slurm time ([days-]hh:mm:ss)")
+    if len(parts) == 1:
+        return day_count * 1440 + parts[0]
+    hours, minutes, seconds = ([0] * (3 - len(parts))) + parts
+    return day_count * 1440 + hours * 60 + minutes + (1 if seconds else 0)
 
 
 def tasks_per_node(cfg: DictConfig) -> int:
@@ -237,6 +262,9 @@ def validate(cfg: DictConfig) -> DictConfig:
     )
     allowed = ("inprocess", "subprocess") if cfg.cluster.name == "local" else ("slurm",)
     _one_of(cfg, "cluster.executor", allowed)
+    for key in ("time_limit", "cpu_time_limit"):
+        _require(slurm_minutes(cfg.cluster[key], f"cluster.{key}") > 0, f"cluster.{key}", "is 0")
+    _require(cfg.cluster.checkpoint_write_gbps > 0, "cluster.checkpoint_write_gbps", "must be > 0")
     ckpt = str(cfg.eval.checkpoint)
     _require(
         ckpt in ("best", "latest") or os.path.isdir(ckpt) or "train" in cfg.stages,

@@ -13,6 +13,7 @@ import time
 from omegaconf import DictConfig
 
 from pipeline import files
+from pipeline.config import slurm_minutes
 from pipeline.graph import Step
 from pipeline.layout import RunLayout
 
@@ -82,17 +83,6 @@ def run_subprocess(steps: list[Step], cfg: DictConfig) -> None:
         _say(f"{step.name}: done in {time.time() - started:.1f} s")
 
 
-def _minutes(limit: str) -> int:
-    """Slurm's [days-]hours:minutes:seconds (or minutes) as whole minutes."""
-    days, _, rest = limit.rpartition("-")
-    parts = [int(p) for p in rest.split(":")]
-    if len(parts) == 1:
-        return int(days or 0) * 1440 + parts[0]
-    parts = ([0] * (3 - len(parts))) + parts
-    hours, minutes, seconds = parts
-    return int(days or 0) * 1440 + hours * 60 + minutes + (1 if seconds else 0)
-
-
 def slurm_parameters(cfg: DictConfig, step: Step) -> dict:
     """sbatch options for one step: its resources from the graph, the rest from conf/cluster."""
     c = cfg.cluster
@@ -107,7 +97,7 @@ def slurm_parameters(cfg: DictConfig, step: Step) -> dict:
         cpus_per_task=c.cpus_per_task,
         gpus_per_node=step.gpus_per_node or None,
         mem=f"{c.mem_gb}G" if c.mem_gb else None,
-        time=_minutes(step.time_limit),
+        time=slurm_minutes(step.time_limit, "cluster.time_limit"),
         setup=list(c.setup),
         array_parallelism=c.array_parallelism,
         additional_parameters=extra,

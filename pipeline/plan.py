@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import shutil
 import statistics
 import sys
 from dataclasses import dataclass, field, replace
@@ -24,7 +26,7 @@ from dataclasses import dataclass, field, replace
 from omegaconf import DictConfig
 
 from pipeline import config as config_schema
-from pipeline.config import ConfigError, data_parallel_size, world_size
+from pipeline.config import ConfigError, data_parallel_size, slurm_minutes, world_size
 from pipeline.flops import flops_per_sequence, peak_tflops
 from pipeline.layout import RunLayout
 from pipeline.model import ffn_hidden_size
@@ -39,6 +41,16 @@ FIXED_OVERHEAD_BYTES = int(1.5 * GIB)
 DEVICE_MIB = {24: 24576, 40: 40960, 80: 81559, 141: 143771}
 # The GPU assumed for a memory size when none is named (for its peak FLOP/s).
 GPU_BY_MEMORY = {40: "A100", 80: "H100", 141: "H200"}
+# Known GPUs by the name users give in cluster.gpu: memory (GB, as sold) and compute capability.
+# fp8 tensor cores need compute capability 8.9 (Ada) or newer (Hopper 9.0, Blackwell 10.0).
+GPUS = {
+    "H200": (141, (9, 0)), "H100": (80, (9, 0)), "GH200": (96, (9, 0)), "B200": (180, (10, 0)),
+    "A100": (80, (8, 0)), "A100-40GB": (40, (8, 0)), "L40S": (48, (8, 9)), "L4": (24, (8, 9)),
+    "A10": (24, (8, 6)), "V100": (32, (7, 0)),
+}  # fmt: skip
+FP8_CAPABILITY = (8, 9)
+# Time a saving job needs besides writing: agreeing on the signal, finishing the step, syncing.
+SAVE_MARGIN_S = 10.0
 
 DEFAULT_MFU = 0.5
 # Throughput heuristic. Extra compute of recomputation: full recompute repeats each layer's
@@ -488,6 +500,114 @@ def expected_step(
         "mfu": step_flops / gpus / (step * peak_flops),
         "tokens_per_s_per_gpu": layout.global_batch * s / step / gpus,
     }
+
+
+# --- checks before submission -------------------------------------------------------------------
+
+
+def gpu_memory_gb(cfg: DictConfig) -> float | None:
+    """The training GPUs' memory: cluster.gpu_memory_gb, else that of a known cluster.gpu."""
+    c = cfg.cluster
+    if c.gpu_memory_gb:
+        return float(c.gpu_memory_gb)
+    known = GPUS.get(str(c.gpu or "").upper())
+    return float(known[0]) if known else None
+
+
+def checkpoint_bytes(cfg: DictConfig, vocab_size: int) -> int:
+    """What one save writes over all ranks: weights and optimizer state (fp32 main weights and
+    two Adam moments in mixed precision), whatever the layout."""
+    n = parameter_count(cfg, vocab_size)["total"]
+    return n * (12 if cfg.train.precision == "fp32" else 14)
+
+
+def _local_gpu() -> bool:
+    """Whether this machine has an NVIDIA GPU, without importing torch (seconds)."""
+    return os.path.exists("/dev/nvidiactl") or shutil.which("nvidia-smi") is not None
+
+
+def _check_device(cfg: DictConfig) -> None:
+    t = cfg.train
+    if not on_gpu(cfg) and t.precision != "fp32":
+        raise ConfigError(
+            f"train.precision: {t.precision} needs GPUs (cluster.gpus_per_node); use fp32 on CPU"
+        )
+    if on_gpu(cfg) and cfg.cluster.executor != "slurm" and not _local_gpu():
+        raise ConfigError(
+            "train.device: GPUs asked for (train=gpu or cluster.gpus_per_node), but this "
+            "machine has none; use train=cpu here, or cluster=slurm to submit to GPU nodes"
+        )
+
+
+def _check_fp8(cfg: DictConfig) -> None:
+    if cfg.train.precision != "fp8":
+        return
+    gpu = str(cfg.cluster.gpu or "").upper()
+    if gpu in GPUS and GPUS[gpu][1] < FP8_CAPABILITY:
+        cc = ".".join(map(str, GPUS[gpu][1]))
+        raise ConfigError(
+            f"train.precision: fp8 needs compute capability 8.9 or newer (Ada, Hopper, "
+            f"Blackwell); cluster.gpu={cfg.cluster.gpu} is {cc}: use bf16"
+        )
+
+
+def _check_fits(cfg: DictConfig, vocab_size: int) -> None:
+    memory_gb = gpu_memory_gb(cfg)
+    if memory_gb is None or not on_gpu(cfg):
+        return
+    need = memory_per_gpu(cfg, vocab_size)["total"]
+    capacity = gpu_capacity_bytes(memory_gb)
+    if need <= capacity:
+        return
+    found = search_layouts(cfg, vocab_size, world_size(cfg), memory_gb, cfg.cluster.gpus_per_node)
+    if found.feasible:
+        lo = found.feasible[0].layout
+        hint = (
+            f"the best layout that fits: parallel.tensor={lo.tensor} "
+            f"parallel.pipeline={lo.pipeline} train.micro_batch_size={lo.micro_batch} "
+            f"train.recompute={lo.recompute}"
+            + (" parallel.sequence_parallel=true" if lo.sequence_parallel else "")
+        )
+    else:
+        hint = f"no layout of {world_size(cfg)} GPUs fits: use more GPUs"
+    raise ConfigError(
+        f"train.micro_batch_size: {Layout.of(cfg).describe()} needs ~{_gib(need)} per GPU, "
+        f"more than the {memory_gb:g} GB of each GPU; {hint} (python -m pipeline.plan --search)"
+    )
+
+
+def _check_time_limit(cfg: DictConfig, vocab_size: int) -> None:
+    """The warning signal must leave time to finish the step and save; the limit must leave
+    time to train before the signal."""
+    if cfg.cluster.executor != "slurm":
+        return
+    t, c = cfg.train, cfg.cluster
+    save_s = checkpoint_bytes(cfg, vocab_size) / (c.checkpoint_write_gbps * 1e9)
+    step_s = expected_step(cfg, vocab_size, Layout.of(cfg))["step_s"] if on_gpu(cfg) else 0.0
+    need = save_s + step_s + SAVE_MARGIN_S
+    if t.exit_signal_lead_s < need:
+        raise ConfigError(
+            f"train.exit_signal_lead_s: {t.exit_signal_lead_s} s may not be enough to finish a "
+            f"step (~{step_s:.0f} s) and save {_gib(checkpoint_bytes(cfg, vocab_size))} "
+            f"(~{save_s:.0f} s at cluster.checkpoint_write_gbps={c.checkpoint_write_gbps:g}); "
+            f"set at least {math.ceil(need)}"
+        )
+    limit_s = slurm_minutes(c.time_limit, "cluster.time_limit") * 60
+    if limit_s <= t.exit_signal_lead_s + need:
+        raise ConfigError(
+            f"cluster.time_limit: {c.time_limit} leaves no time to train before the save "
+            f"signal {t.exit_signal_lead_s} s before the end; make it longer"
+        )
+
+
+def preflight(cfg: DictConfig, vocab_size: int) -> None:
+    """What would otherwise fail after hours in the queue, refused before anything is
+    submitted: GPU settings without GPUs, fp8 without fp8 tensor cores, a layout that does not fit the GPUs' memory, a
+    time limit or signal lead too short to save a checkpoint. Raises ConfigError."""
+    _check_device(cfg)
+    _check_fp8(cfg)
+    _check_fits(cfg, vocab_size)
+    _check_time_limit(cfg, vocab_size)
 
 
 # --- layout search ------------------------------------------------------------------------------

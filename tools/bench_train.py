@@ -123,6 +123,7 @@ def run_stage(workdir: Path, run: StageRun, steps: int, warmup: int, data: Path)
         "planned_mem_gib": planned,
         "memory_error": (planned - peak) / peak if peak else None,
         "final_loss": timed[-1]["loss"],
+        "losses": {r["step"]: r["loss"] for r in records if "loss" in r},
         "wall_s": time.time() - started,
         "command": " ".join(cmd[1:]),
     }
@@ -336,8 +337,8 @@ def print_table(rows: list[tuple[str, str, dict]]) -> None:
     """Markdown: each row's throughput, memory (with the plan's estimate) and its ratio to the
     model's first stage row."""
     print("\n| model | run | tokens/s | TFLOP/s/GPU | MFU | peak GiB | planned GiB | "
-          "plan error | first stage row / this |")  # fmt: skip
-    print("|---|---|---|---|---|---|---|---|---|")
+          "plan error | first stage row / this | loss vs first row of its batch |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for model, name, r in rows:
         if "error" in r:
             last = r["error"].strip().splitlines()[-1] if r["error"].strip() else "?"
@@ -348,14 +349,31 @@ def print_table(rows: list[tuple[str, str, dict]]) -> None:
             None,
         )
         ratio = f"{ref['tokens_per_s'] / r['tokens_per_s']:.2f}x" if ref else "-"
+        same_batch = next(
+            (x for m, n, x in rows if m == model and n.split()[:3] == name.split()[:3]), None
+        )
         planned = r.get("planned_mem_gib")
         error = r.get("memory_error")
         print(
             f"| {model} | {name} | {r['tokens_per_s']:,.0f} | {r['tflops_per_gpu']:.0f} | "
             f"{100 * r['mfu']:.1f}% | {r['peak_mem_gib']:.1f} | "
             f"{f'{planned:.1f}' if planned else '-'} | "
-            f"{f'{100 * error:+.1f}%' if error is not None else '-'} | {ratio} |"
+            f"{f'{100 * error:+.1f}%' if error is not None else '-'} | {ratio} | "
+            f"{loss_gap(same_batch, r)} |"
         )
+
+
+def loss_gap(reference: dict | None, run: dict) -> str:
+    """Largest relative difference of the loss from the reference row's, over the second half
+    of the steps (the same data, seed and batch: only the kernels or precision differ)."""
+    if not reference or reference is run or "losses" not in run or "losses" not in reference:
+        return "-"
+    steps = sorted(set(reference["losses"]) & set(run["losses"]))
+    tail = steps[len(steps) // 2 :]
+    if not tail:
+        return "-"
+    gap = max(abs(run["losses"][s] - reference["losses"][s]) / reference["losses"][s] for s in tail)
+    return f"{100 * gap:.2f}% (steps {tail[0]}-{tail[-1]})"
 
 
 if __name__ == "__main__":

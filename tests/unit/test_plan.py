@@ -414,3 +414,68 @@ def test_cli_reads_the_vocabulary_from_the_manifest_and_searches(tmp_path):
         timeout=120,
     )
     assert bad.returncode == 2 and "error: train.global_batch_size" in bad.stderr
+
+
+# --- checks before submission: what would fail after hours in the queue ---------------------
+
+GPU_SLURM = ["train=gpu", "cluster=slurm", "cluster.gpus_per_node=8", "cluster.gpu=H100"]
+
+
+@pytest.mark.parametrize(
+    "overrides,key,fragment",
+    [
+        (["train.precision=bf16"], "train.precision", "needs GPUs"),
+        ([*GPU_SLURM, "cluster.gpu=A100", "train.precision=fp8"], "train.precision", "8.0"),
+        (
+            [*GPU_SLURM, "model=gpt-1.3b", "cluster.gpu=L4", "train.micro_batch_size=32"],
+            "train.micro_batch_size",
+            "the best layout that fits",
+        ),
+        (
+            [*GPU_SLURM, "model=llama-8b", "cluster.gpu=V100", "cluster.gpus_per_node=1"],
+            "train.micro_batch_size",
+            "no layout of 1 GPUs fits",
+        ),
+        ([*GPU_SLURM, "cluster.time_limit=00:02:00"], "cluster.time_limit", "no time to train"),
+        (
+            [
+                *GPU_SLURM,
+                "model=llama-8b",
+                "parallel.tensor=8",
+                "cluster.checkpoint_write_gbps=0.2",
+            ],
+            "train.exit_signal_lead_s",
+            "set at least",
+        ),
+    ],
+)
+def test_preflight_refuses_what_would_fail_in_the_queue(overrides, key, fragment, tmp_path):
+    cfg = make_config(
+        tmp_path, "train.micro_batch_size=1", "train.global_batch_size=256", *overrides
+    )
+    with pytest.raises(plan.ConfigError) as error:
+        plan.preflight(cfg, 32000)
+    assert str(error.value).startswith(f"{key}: ") and fragment in str(error.value)
+
+
+def test_preflight_accepts_a_layout_that_fits_and_time_to_save(tmp_path):
+    cfg = make_config(
+        tmp_path, *GPU_SLURM, "model=gpt-1.3b", "train.micro_batch_size=4", "train.precision=fp8"
+    )
+    plan.preflight(cfg, 32000)
+    assert plan.gpu_memory_gb(cfg) == 80
+
+
+def test_a_refused_launch_is_one_line_and_writes_nothing(tmp_path):
+    workdir = tmp_path / "run"
+    done = subprocess.run(
+        [sys.executable, "-m", "pipeline", "cluster=local", f"workdir={workdir}", *GPU_SLURM,
+         "cluster.time_limit=00:02:00"],
+        cwd=ROOT, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines() == [
+        "error: cluster.time_limit: 00:02:00 leaves no time to train before the save signal "
+        "120 s before the end; make it longer"
+    ]
+    assert not workdir.exists()
