@@ -325,6 +325,11 @@ def _validate_model(cfg: DictConfig) -> None:
     _one_of(cfg, "model.activation", ("swiglu", "gelu"))
     _one_of(cfg, "model.normalization", ("RMSNorm", "LayerNorm"))
     _one_of(cfg, "model.position_embedding", ("rope", "learned_absolute"))
+    _require(
+        m.make_vocab_size_divisible_by >= 1,
+        "model.make_vocab_size_divisible_by",
+        "must be at least 1 (the vocabulary is padded to a multiple of it x parallel.tensor)",
+    )
     limit = m.max_position_embeddings or m.seq_length
     _require(
         m.seq_length <= limit,

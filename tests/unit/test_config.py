@@ -46,6 +46,7 @@ def test_grad_accum_is_derived_from_batch_sizes(tmp_path):
         ),
         (["model.num_attention_heads=3"], "model.hidden_size"),
         (["model.num_query_groups=3"], "model.num_query_groups"),
+        (["model.make_vocab_size_divisible_by=0"], "model.make_vocab_size_divisible_by"),
         (
             ["cluster.gpus_per_node=2", "parallel.tensor=2", "model.num_query_groups=1"],
             "parallel.tensor",
