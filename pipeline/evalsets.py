@@ -41,7 +41,7 @@ class Windows(torch.utils.data.Dataset):
 
     def __init__(self, parts: list[tuple], seq_length: int, pad_id: int, multiple: int = 1):
         self.parts = parts  # (IndexedDataset, first sequence, end sequence)
-        self.s, self.pad = seq_length, pad_id
+        self.seq_length, self.pad = seq_length, pad_id
         lengths = np.concatenate([ds.sequence_lengths[a:b] for ds, a, b in parts])
         self.part_of = np.concatenate([np.full(b - a, i) for i, (_, a, b) in enumerate(parts)])
         self.sequence = np.concatenate([np.arange(a, b) for _, a, b in parts])
@@ -66,18 +66,20 @@ class Windows(torch.utils.data.Dataset):
         return np.concatenate(out).astype(np.int64)
 
     def __getitem__(self, k: int) -> dict[str, torch.Tensor]:
-        tokens = torch.full((self.s,), self.pad, dtype=torch.long)
-        labels = torch.full((self.s,), self.pad, dtype=torch.long)
-        loss_mask = torch.zeros(self.s)
+        tokens = torch.full((self.seq_length,), self.pad, dtype=torch.long)
+        labels = torch.full((self.seq_length,), self.pad, dtype=torch.long)
+        loss_mask = torch.zeros(self.seq_length)
         if k < self.windows:
-            text = torch.from_numpy(self._read(k * self.s, min((k + 1) * self.s + 1, self.tokens)))
+            text = torch.from_numpy(
+                self._read(k * self.seq_length, min((k + 1) * self.seq_length + 1, self.tokens))
+            )
             n = len(text) - 1
             tokens[:n], labels[:n], loss_mask[:n] = text[:-1], text[1:], 1.0
         return {
             "tokens": tokens,
             "labels": labels,
             "loss_mask": loss_mask,
-            "position_ids": torch.arange(self.s),
+            "position_ids": torch.arange(self.seq_length),
         }
 
 

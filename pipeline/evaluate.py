@@ -63,9 +63,12 @@ def _samples(cfg: DictConfig, model: torch.nn.Module, sp, device: torch.device) 
     return out
 
 
+def _micro_batch_size(cfg: DictConfig) -> int:
+    return cfg.eval.micro_batch_size or cfg.train.micro_batch_size
+
+
 def _measure(engine, evalset: evalsets.EvalSet, cfg: DictConfig) -> dict:
-    mbs = cfg.eval.micro_batch_size or cfg.train.micro_batch_size
-    loss, tokens = engine.loss_over(evalset.windows, mbs, cfg.eval.max_batches)
+    loss, tokens = engine.loss_over(evalset.windows, _micro_batch_size(cfg), cfg.eval.max_batches)
     result = {
         "loss": loss,
         "ppl": math.exp(loss),
@@ -118,7 +121,7 @@ def run(cfg: DictConfig) -> dict:
     engine = Engine(cfg, manifest["vocab_size"])
     sp = load(manifest["tokenizer"])
     # whole micro-batches on every data-parallel rank: the sets are padded with masked windows
-    multiple = (cfg.eval.micro_batch_size or cfg.train.micro_batch_size) * engine.dp_size
+    multiple = _micro_batch_size(cfg) * engine.dp_size
     sets = [evalsets.test_split(cfg, manifest, multiple)]
     sets += [evalsets.extra_set(cfg, name, sp, multiple) for name in cfg.eval.extra_sets]
     if not sets[0].windows.windows:
