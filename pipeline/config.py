@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import glob
 import os
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -130,7 +131,7 @@ class TrainConfig:
 @dataclass
 class EvalConfig:
     checkpoint: str = "best"  # best | latest | a checkpoint folder
-    max_batches: int | None = None  # None: the whole test split
+    max_batches: int | None = None  # micro-batches per evaluated set; None: all of it
     micro_batch_size: int | None = None  # None: train.micro_batch_size
     prompts: list[str] = field(
         default_factory=lambda: ["The function returns", "Python is", "To open a file,"]
@@ -138,6 +139,11 @@ class EvalConfig:
     max_new_tokens: int = 48
     top_k: int = 40
     top_p: float = 0.9
+    # More held-out sets: name -> JSONL glob or path, tokenized with the run's tokenizer
+    extra_sets: dict[str, str] = field(default_factory=dict)
+    all_checkpoints: bool = False  # also the test loss of every checkpoint retention kept
+    # lm-evaluation-harness tasks, run only if lm_eval is installed and their data is local
+    harness_tasks: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -266,13 +272,29 @@ def validate(cfg: DictConfig) -> DictConfig:
     for key in ("time_limit", "cpu_time_limit"):
         _require(slurm_minutes(cfg.cluster[key], f"cluster.{key}") > 0, f"cluster.{key}", "is 0")
     _require(cfg.cluster.checkpoint_write_gbps > 0, "cluster.checkpoint_write_gbps", "must be > 0")
-    ckpt = str(cfg.eval.checkpoint)
+    _validate_eval(cfg)
+    return cfg
+
+
+def _validate_eval(cfg: DictConfig) -> None:
+    e = cfg.eval
+    ckpt = str(e.checkpoint)
     _require(
         ckpt in ("best", "latest") or os.path.isdir(ckpt) or "train" in cfg.stages,
         "eval.checkpoint",
         f"{ckpt!r} is neither best, latest nor a checkpoint folder",
     )
-    return cfg
+    _require(e.max_batches is None or e.max_batches > 0, "eval.max_batches", "must be positive")
+    if "evaluate" not in cfg.stages:
+        return
+    for name, pattern in e.extra_sets.items():
+        key = f"eval.extra_sets.{name}"
+        _require(re.fullmatch(r"[\w.-]+", name) is not None, key, "name a set with [A-Za-z0-9_.-]")
+        _require(name != "test", key, "'test' is the held-out split's own name")
+        matches = [p for p in glob.glob(os.path.expanduser(str(pattern))) if os.path.isfile(p)]
+        _require(bool(matches), key, f"{pattern!r} matches no file")
+        for path in matches:
+            _require(os.access(path, os.R_OK), key, f"{path} is not readable")
 
 
 def _validate_data(cfg: DictConfig) -> None:

@@ -2,8 +2,8 @@
 BlendedMegatronDatasetBuilder, and a resumable micro-batch sampler.
 
 Train and validation come from one weighted blend of the shards (weights: training tokens per
-shard). The test split is built unweighted, one exhaustive epoch over each shard's test
-documents: exactly the documents no training step saw.
+shard). The test split's documents (`split_bounds`), exactly those no training step saw, are
+read in order by the evaluation (pipeline.evalsets), not through GPTDataset.
 """
 
 from __future__ import annotations
@@ -78,12 +78,12 @@ class Sizes:
 
 
 def check_splits(manifest: dict, cfg: DictConfig) -> None:
-    """Refuse splits too small to give one sample: megatron-core would loop forever on them."""
+    """Refuse train or validation splits too small to give one sample: megatron-core would
+    loop forever on them."""
     need = cfg.model.seq_length + 1
-    wanted = {"train": True, "validation": True, "test": "evaluate" in cfg.stages}
     for shard in manifest["shards"]:
         for name, tokens in shard["split_tokens"].items():
-            if wanted[name] and tokens < need:
+            if name != "test" and tokens < need:
                 raise ConfigError(
                     f"data.split: the {name} split of {shard['prefix']} has {tokens} tokens, "
                     f"fewer than one sequence of model.seq_length+1={need}; use fewer "
@@ -91,13 +91,13 @@ def check_splits(manifest: dict, cfg: DictConfig) -> None:
                 )
 
 
-def _config(cfg: DictConfig, manifest: dict, weighted: bool):
+def _config(cfg: DictConfig, manifest: dict):
     from megatron.core.datasets.gpt_dataset import GPTDatasetConfig
 
     layout = RunLayout.of(cfg.workdir)
     shards = manifest["shards"]
     prefixes = [str(layout.root / s["prefix"]) for s in shards]
-    weights = [float(s["split_tokens"]["train"]) for s in shards] if weighted else None
+    weights = [float(s["split_tokens"]["train"]) for s in shards]
     return GPTDatasetConfig(
         random_seed=cfg.train.seed,
         sequence_length=cfg.model.seq_length,
@@ -117,7 +117,7 @@ def load_manifest(cfg: DictConfig) -> dict:
     return files.read_json(RunLayout.of(cfg.workdir).manifest)
 
 
-def _build(cfg: DictConfig, manifest: dict, weighted: bool, sizes: list[int | None]):
+def _build(cfg: DictConfig, manifest: dict, sizes: list[int]):
     from megatron.core.datasets.blended_megatron_dataset_builder import (
         BlendedMegatronDatasetBuilder,
     )
@@ -125,9 +125,7 @@ def _build(cfg: DictConfig, manifest: dict, weighted: bool, sizes: list[int | No
 
     check_splits(manifest, cfg)
     logging.getLogger("megatron.core.datasets").setLevel(logging.WARNING)
-    builder = BlendedMegatronDatasetBuilder(
-        GPTDataset, sizes, lambda: True, _config(cfg, manifest, weighted)
-    )
+    builder = BlendedMegatronDatasetBuilder(GPTDataset, sizes, lambda: True, _config(cfg, manifest))
     with distributed.group_for_this_call():  # the blended dataset asks for a rank even alone
         return builder.build()
 
@@ -136,13 +134,8 @@ def train_valid_datasets(cfg: DictConfig, manifest: dict | None = None):
     """The training and validation datasets, sized for the whole run."""
     sizes = Sizes.of(cfg)
     manifest = manifest or load_manifest(cfg)
-    train, valid, _ = _build(cfg, manifest, True, [sizes.train, sizes.validation, 0])
+    train, valid, _ = _build(cfg, manifest, [sizes.train, sizes.validation, 0])
     return train, valid
-
-
-def test_dataset(cfg: DictConfig, manifest: dict | None = None):
-    """One epoch over every shard's test documents."""
-    return _build(cfg, manifest or load_manifest(cfg), False, [None, None, None])[2]
 
 
 class MicroBatchSampler:

@@ -1,5 +1,7 @@
 """The evaluation stage: loss and perplexity of a checkpoint (the best, by default) on the
-held-out test split."""
+held-out test split and on the extra sets (see pipeline.evalsets for what is measured), the
+test loss of every checkpoint kept (eval.all_checkpoints), text samples, lm-evaluation-harness
+tasks, then the report. eval/DONE.json is written last."""
 
 from __future__ import annotations
 
@@ -8,9 +10,11 @@ import sys
 import time
 from pathlib import Path
 
-from omegaconf import DictConfig
+import torch
+from omegaconf import DictConfig, OmegaConf
 
-from pipeline import checkpoint, data, files, report
+from pipeline import checkpoint, data, evalsets, files, harness, report
+from pipeline.graph import evaluate_complete
 from pipeline.layout import RunLayout
 
 
@@ -22,75 +26,132 @@ def resolve_checkpoint(cfg: DictConfig) -> Path:
     )(root)
     if folder is None or not checkpoint.is_valid(folder):
         raise FileNotFoundError(f"eval.checkpoint={choice}: no valid checkpoint under {root}")
-    return folder
+    return folder.resolve()
 
 
-def _samples(cfg: DictConfig, engine, tokenizer_model: Path) -> list[dict]:
-    """Greedy and sampled continuations of the configured prompts (single-stage models)."""
-    from pipeline.generate import continue_text
-    from pipeline.tokenizer import load
-
+def _single_model(cfg: DictConfig, engine) -> torch.nn.Module | None:
+    """The whole model in this process, or None: pipeline- and tensor-parallel layouts sample
+    and run downstream tasks through a single-GPU evaluation."""
     if len(engine.chunks) > 1 or cfg.parallel.pipeline > 1 or cfg.parallel.tensor > 1:
-        return []  # pipeline- and tensor-parallel layouts sample through a single-GPU evaluation
-    sp, e = load(tokenizer_model), cfg.eval
+        return None
+    return engine.chunks[0]
+
+
+def _samples(cfg: DictConfig, model: torch.nn.Module, sp, device: torch.device) -> list[dict]:
+    """Greedy and top-k/top-p continuations of the configured prompts, with their token ids."""
+    from pipeline.generate import continuation
+
+    e = cfg.eval
     out = []
     for prompt in e.prompts:
         common = dict(
-            max_new_tokens=e.max_new_tokens, seq_length=cfg.model.seq_length, device=engine.device
+            max_new_tokens=e.max_new_tokens, seq_length=cfg.model.seq_length, device=device
+        )
+        greedy = continuation(model, sp, prompt, **common)
+        sampled = continuation(
+            model, sp, prompt, top_k=e.top_k, top_p=e.top_p, seed=cfg.train.seed, **common
         )
         out.append(
             {
                 "prompt": prompt,
-                "greedy": continue_text(engine.chunks[0], sp, prompt, **common),
-                "sampled": continue_text(
-                    engine.chunks[0],
-                    sp,
-                    prompt,
-                    top_k=e.top_k,
-                    top_p=e.top_p,
-                    seed=cfg.train.seed,
-                    **common,
-                ),
+                "greedy": sp.decode(greedy),
+                "greedy_ids": greedy,
+                "sampled": sp.decode(sampled),
+                "sampled_ids": sampled,
             }
         )
     return out
 
 
-def is_complete(cfg: DictConfig) -> bool:
-    return RunLayout.of(cfg.workdir).eval_done.exists()
+def _micro_batch_size(cfg: DictConfig) -> int:
+    return cfg.eval.micro_batch_size or cfg.train.micro_batch_size
+
+
+def _measure(engine, evalset: evalsets.EvalSet, cfg: DictConfig) -> dict:
+    loss, tokens = engine.loss_over(evalset.windows, _micro_batch_size(cfg), cfg.eval.max_batches)
+    result = {
+        "loss": loss,
+        "ppl": math.exp(loss),
+        "tokens": tokens,
+        "documents": evalset.documents,
+        "windows": evalset.windows.windows,
+    }
+    if evalset.name != "test":
+        result.update(files=evalset.files, rejected=evalset.rejected)
+    return result
+
+
+def _every_checkpoint(
+    cfg: DictConfig, engine, test: evalsets.EvalSet, best: Path, best_result: dict
+) -> list[dict]:
+    """Test loss of each valid checkpoint kept by retention, by step (the engine ends up holding
+    the last one's weights)."""
+    rows = []
+    for folder in sorted(RunLayout.of(cfg.workdir).checkpoints.glob("iter_*")):
+        if folder.name.endswith(".partial") or not checkpoint.is_valid(folder):
+            continue
+        if folder.resolve() == best:
+            result = best_result
+        else:
+            checkpoint.load(folder, engine.backend, engine.chunks, None)
+            result = _measure(engine, test, cfg)
+        state = files.read_json(folder / "state.json")
+        rows.append(
+            {
+                "checkpoint": folder.name,
+                "step": state["step"],
+                "val_loss": state.get("val_loss"),
+                "test_loss": result["loss"],
+                "test_ppl": result["ppl"],
+            }
+        )
+    return rows
 
 
 def run(cfg: DictConfig) -> dict:
     from pipeline.engine import Engine
+    from pipeline.tokenizer import load
 
     layout = RunLayout.of(cfg.workdir)
-    if is_complete(cfg):
+    if evaluate_complete(cfg):
         return files.read_json(layout.eval_done)
     started = time.time()
     manifest = data.load_manifest(cfg)
     folder = resolve_checkpoint(cfg)
     engine = Engine(cfg, manifest["vocab_size"])
+    sp = load(manifest["tokenizer"])
+    # whole micro-batches on every data-parallel rank: the sets are padded with masked windows
+    multiple = _micro_batch_size(cfg) * engine.dp_size
+    sets = [evalsets.test_split(cfg, manifest, multiple)]
+    sets += [evalsets.extra_set(cfg, name, sp, multiple) for name in cfg.eval.extra_sets]
+    if not sets[0].windows.windows:
+        raise RuntimeError(f"data.split={cfg.data.split}: the test split holds no tokens")
     step = checkpoint.load(folder, engine.backend, engine.chunks, None)["step"]
-    test = data.test_dataset(cfg, manifest)
-    mbs = cfg.eval.micro_batch_size or cfg.train.micro_batch_size
-    loss, tokens = engine.loss_over(test, mbs, cfg.eval.max_batches)
-    samples = _samples(cfg, engine, Path(manifest["tokenizer"]))
+    measured = {s.name: _measure(engine, s, cfg) for s in sets}
+    test = measured["test"]
+    model = _single_model(cfg, engine)
     result = {
-        "samples": samples,
         "checkpoint": str(folder),
         "checkpoint_step": step,
-        "test_loss": loss,
-        "test_ppl": math.exp(loss),
-        "test_tokens": tokens,
-        "test_sequences_available": len(test),
-        "seconds": round(time.time() - started, 2),
+        "test_loss": test["loss"],
+        "test_ppl": test["ppl"],
+        "test_tokens": test["tokens"],
+        "sets": measured,
+        "samples": _samples(cfg, model, sp, engine.device) if model is not None else [],
+        "harness": harness.run(cfg, model, sp, engine.device),
+        "config": OmegaConf.to_container(cfg.eval, resolve=True),  # what this result is for
     }
+    if cfg.eval.all_checkpoints:
+        result["checkpoints"] = _every_checkpoint(cfg, engine, sets[0], folder, test)
+    result["gpus"] = 1 if engine.device.type == "cuda" else 0
+    result["seconds"] = round(time.time() - started, 2)
     if engine.rank.is_first:
-        files.write_json(layout.eval_done, result)
-        report.write_report(layout)
-        print(
-            f"test loss {loss:.4f}, perplexity {math.exp(loss):.2f} over {tokens} tokens "
-            f"({folder.name})",
-            file=sys.stderr,
-        )
+        for name, r in measured.items():
+            print(
+                f"{name} loss {r['loss']:.4f}, perplexity {r['ppl']:.2f} over {r['tokens']} "
+                f"tokens ({folder.name})",
+                file=sys.stderr,
+            )
+        report.write_report(layout, result)
+        files.write_json(layout.eval_done, result)  # last: the marker of a complete evaluation
     return result

@@ -21,7 +21,7 @@ def _next_token(logits: torch.Tensor, top_k: int, top_p: float, generator: torch
 
 
 @torch.no_grad()
-def continue_text(
+def continuation(
     model: torch.nn.Module,
     sp,
     prompt: str,
@@ -31,8 +31,8 @@ def continue_text(
     top_k: int = 0,
     top_p: float = 0.0,
     seed: int = 0,
-) -> str:
-    """The prompt's continuation (without the prompt), stopping at end-of-document."""
+) -> list[int]:
+    """Token ids continuing the prompt (the prompt left out), stopping at end-of-document."""
     model.eval()
     generator = torch.Generator(device="cpu").manual_seed(seed)
     ids = sp.encode(prompt)
@@ -46,4 +46,4 @@ def continue_text(
         if token == sp.eos_id():
             break
         ids.append(token)
-    return sp.decode(ids[prompt_length:])
+    return ids[prompt_length:]

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from pipeline import corpus, files, index_cache, shards, tokenize, tokenizer, verify
 from pipeline.config import tasks_per_node
@@ -51,8 +51,11 @@ def _train_complete(cfg: DictConfig) -> bool:
     return RunLayout.of(cfg.workdir).train_done.exists()
 
 
-def _evaluate_complete(cfg: DictConfig) -> bool:
-    return RunLayout.of(cfg.workdir).eval_done.exists()
+def evaluate_complete(cfg: DictConfig) -> bool:
+    """Evaluated, with the eval settings asked for now: adding an extra set or changing the
+    checkpoint redoes the evaluation (only)."""
+    done = files.read_json_or_none(RunLayout.of(cfg.workdir).eval_done)
+    return done is not None and done.get("config") == OmegaConf.to_container(cfg.eval, resolve=True)
 
 
 def prepare_inputs(cfg: DictConfig) -> None:
@@ -111,7 +114,7 @@ def build(cfg: DictConfig, prepare: bool = True) -> list[Step]:
             Step(
                 "evaluate",
                 run_evaluate,
-                _evaluate_complete,
+                evaluate_complete,
                 gpus_per_node=min(1, c.gpus_per_node),
                 time_limit=c.time_limit,
             )

@@ -30,7 +30,6 @@ def built_for(cfg: DictConfig) -> dict:
         "seed": cfg.train.seed,
         "train_samples": sizes.train,
         "validation_samples": sizes.validation,
-        "test": "evaluate" in cfg.stages,
     }
 
 
@@ -49,10 +48,9 @@ def run(cfg: DictConfig) -> dict:
     started = time.time()
     manifest = data.load_manifest(cfg)
     train, valid = data.train_valid_datasets(cfg, manifest)
-    test = data.test_dataset(cfg, manifest) if "evaluate" in cfg.stages else None
     marker = {
         "built_for": built_for(cfg),
-        "samples": {"train": len(train), "validation": len(valid), "test": test and len(test)},
+        "samples": {"train": len(train), "validation": len(valid)},
         "seconds": round(time.time() - started, 2),
     }
     files.write_json(layout.index_done, marker)

@@ -149,29 +149,22 @@ def _max_rss_mb() -> float:
     return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)  # Linux: KiB
 
 
-def tokenize_shard(cfg: DictConfig, index: int, spans: list[Span]) -> dict:
+def tokenize_spans(
+    cfg: DictConfig, spans: list[Span], sp, prefix: Path, rejects_file: Path, desc: str
+) -> tuple[Counter, Counter]:
+    """Tokenize `spans` into PREFIX.bin/.idx, published under those names only when whole. Bad
+    records are counted by reason and logged to `rejects_file` (data.strict: the first one
+    stops the run). Returns (counts, rejects by reason)."""
     from tqdm import tqdm
 
-    from pipeline.tokenizer import load, model_path
-
-    layout = RunLayout.of(cfg.workdir)
-    prefix = layout.shard_prefix(index)
-    sp = load(model_path(cfg))
-    eod = sp.eos_id()
     threads = max(1, int(cfg.cluster.cpus_per_task))
     partial = Path(f"{prefix}.partial")
     writer = ShardWriter(f"{partial}.bin", sp.vocab_size())
     stats: Counter = Counter()
     rejected: Counter = Counter()
     started = time.time()
-    rejects_file = rejects_path(cfg, index)
     progress = tqdm(
-        desc=f"shard {index}",
-        unit=" docs",
-        file=sys.stderr,
-        mininterval=5,
-        disable=None,
-        dynamic_ncols=True,
+        desc=desc, unit=" docs", file=sys.stderr, mininterval=5, disable=None, dynamic_ncols=True
     )
     with files.atomic_path(rejects_file) as rej_tmp, open(rej_tmp, "w") as rej_out:
 
@@ -180,12 +173,23 @@ def tokenize_shard(cfg: DictConfig, index: int, spans: list[Span]) -> dict:
 
         for batch, encoded in _encoded(_prefetched(_batches(spans, cfg)), sp, threads):
             documents = stats["documents"]
-            _write_batch(writer, batch, encoded, eod, cfg, stats, rejected, log)
+            _write_batch(writer, batch, encoded, sp.eos_id(), cfg, stats, rejected, log)
             progress.update(stats["documents"] - documents)
             progress.set_postfix(tok_per_s=f"{stats['tokens'] / (time.time() - started):.3g}")
     progress.close()
     writer.finalize(f"{partial}.idx")
     files.publish(partial, prefix, (".bin", ".idx"))
+    return stats, rejected
+
+
+def tokenize_shard(cfg: DictConfig, index: int, spans: list[Span]) -> dict:
+    from pipeline.tokenizer import load, model_path
+
+    prefix = RunLayout.of(cfg.workdir).shard_prefix(index)
+    sp = load(model_path(cfg))
+    started = time.time()
+    rejects_file = rejects_path(cfg, index)
+    stats, rejected = tokenize_spans(cfg, spans, sp, prefix, rejects_file, f"shard {index}")
     marker = {
         "shard": index,
         "spans": [[s.path, s.start, s.end] for s in spans],

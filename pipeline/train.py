@@ -54,7 +54,8 @@ class RunState:
     val_loss: float | None = None
     best_val_loss: float | None = None
     skipped_steps: int = 0
-    train_seconds: float = 0.0
+    train_seconds: float = 0.0  # in training steps
+    wall_seconds: float = 0.0  # of the stage, over all attempts, up to their last save
     tokens: int = 0
     scheduler: dict = field(default_factory=dict)
 
@@ -92,6 +93,7 @@ class Trainer(Engine):
         name = torch.cuda.get_device_name() if self.device.type == "cuda" else "cpu"
         self.peak = flops.peak_tflops(name, t.precision)
         self.state = RunState()
+        self._clock = time.time()  # this attempt's wall time is added to the state from here
 
     def train_step(self, iterators: list) -> tuple[float, float, bool]:
         for chunk in self.chunks:
@@ -115,8 +117,15 @@ class Trainer(Engine):
         self.state = RunState(**saved["run"])
         self.scheduler.load_state_dict(self.state.scheduler)
         self._log(f"resumed from {folder} at step {self.state.step}")
+        self._record(None, {"step": self.state.step, "resumed_from": folder.name})
+
+    def _tick(self) -> None:
+        now = time.time()
+        self.state.wall_seconds += now - self._clock
+        self._clock = now
 
     def save(self) -> None:
+        self._tick()
         self.state.scheduler = self.scheduler.state_dict()
         checkpoint.save(
             self.layout.checkpoints,
@@ -231,7 +240,9 @@ class Trainer(Engine):
         return SummaryWriter(str(self.layout.tensorboard))
 
     def _finish(self) -> dict:
+        self._tick()
         st, t, m = self.state, self.cfg.train, self.cfg.model
+        gpus = self.rank.world_size if self.device.type == "cuda" else 0
         best = checkpoint.best(self.layout.checkpoints)
         best_record = files.read_json_or_none(self.layout.checkpoints / checkpoint.BEST) or {}
         result = {
@@ -249,6 +260,9 @@ class Trainer(Engine):
             * m.seq_length
             / max(st.train_seconds, 1e-9),
             "best_checkpoint": str(best) if best else None,
+            "wall_seconds": st.wall_seconds,
+            "gpus": gpus,
+            "gpu_hours": gpus * st.wall_seconds / 3600,
         }
         if self.rank.is_first:
             files.write_json(self.layout.train_done, result)

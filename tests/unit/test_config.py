@@ -66,6 +66,9 @@ def test_grad_accum_is_derived_from_batch_sizes(tmp_path):
         (["train.recompute=some"], "train.recompute"),
         (["train.warmup_steps=5000"], "train.warmup_steps"),
         (["model.seq_length=4096", "model.max_position_embeddings=2048"], "model.seq_length"),
+        (["+eval.extra_sets.wiki=/nonexistent/*.jsonl"], "eval.extra_sets.wiki"),
+        (["+eval.extra_sets.test=/nonexistent.jsonl"], "eval.extra_sets.test"),
+        (["eval.max_batches=0"], "eval.max_batches"),
     ],
 )
 def test_invalid_config_names_the_key(overrides, key, tmp_path):

@@ -20,10 +20,21 @@ def _documents(dataset) -> set[tuple[str, int]]:
     }
 
 
+def _test_documents(cfg) -> set[tuple[str, int]]:
+    """(shard, document) pairs the evaluation reads as the test split."""
+    from pipeline import evalsets
+
+    docs = set()
+    for ds, first, end in evalsets.test_split(cfg, data.load_manifest(cfg), 1).windows.parts:
+        owner = np.searchsorted(ds.document_indices, np.arange(first, end), side="right") - 1
+        docs |= {(ds.path_prefix, int(d)) for d in owner}
+    return docs
+
+
 def test_train_validation_and_test_documents_are_disjoint(tokenized):
     train, valid = data.train_valid_datasets(tokenized)
-    test = data.test_dataset(tokenized)
-    train_docs, valid_docs, test_docs = _documents(train), _documents(valid), _documents(test)
+    train_docs, valid_docs = _documents(train), _documents(valid)
+    test_docs = _test_documents(tokenized)
     assert train_docs and valid_docs and test_docs
     assert not train_docs & test_docs
     assert not train_docs & valid_docs

@@ -1,0 +1,260 @@
+"""Evaluation and model selection after a real pipeline run: the best checkpoint, test and
+extra-set perplexities recomputed from the documents alone, the report, job accounting, and a
+sweep's comparison. One run (resumed once, as after a crash) serves every test."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from pipeline import data
+from tests.conftest import CONF, SMALL, make_config
+from tests.test_pipeline import pipeline
+
+EXTRA_BAD_LINES = ["{not json", json.dumps({"body": "no text key"})]
+
+
+def _extra_set(folder: Path) -> Path:
+    """Real text (this project's own sources) as JSONL, with two bad records."""
+    folder.mkdir(parents=True)
+    sources = sorted((CONF.parent / "pipeline").glob("[a-f]*.py"))[:3]
+    lines = [json.dumps({"text": p.read_text()[:4000]}) for p in sources] + EXTRA_BAD_LINES
+    (folder / "code.jsonl").write_text("\n".join(lines) + "\n")
+    return folder
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory) -> tuple[Path, list[str]]:
+    root = tmp_path_factory.mktemp("evaluation")
+    extra = _extra_set(root / "extra")
+    workdir = root / "run"
+    args = [
+        f"workdir={workdir}",
+        *SMALL,
+        f"+eval.extra_sets={{code: {extra}/*.jsonl}}",
+        "eval.all_checkpoints=true",
+        "eval.harness_tasks=[hellaswag]",
+    ]
+    pipeline(*args, "stages=[tokenize,train]")
+    # as if the training job had died after its step-10 checkpoint: the rerun resumes from it
+    shutil.rmtree(workdir / "checkpoints" / "iter_0000020")
+    (workdir / "train" / "DONE.json").unlink()
+    result = pipeline(*args)
+    assert "resumed from" in result.stderr
+    return workdir, args
+
+
+def _evaluation(workdir: Path) -> dict:
+    return json.loads((workdir / "eval" / "DONE.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def fresh_model(run):
+    """The best checkpoint's weights in a GPTModel built here, and the run's tokenizer."""
+    from megatron.core import parallel_state
+
+    from pipeline import distributed
+    from pipeline import model as models
+    from pipeline.backend import CpuBackend
+    from pipeline.tokenizer import load
+
+    workdir, _ = run
+    cfg = make_config(workdir, *SMALL)
+    manifest = data.load_manifest(cfg)
+    distributed.init("gloo")
+    if not parallel_state.model_parallel_is_initialized():
+        parallel_state.initialize_model_parallel(1, 1)
+    net = models.build(cfg, manifest["vocab_size"], CpuBackend())
+    best = Path(_evaluation(workdir)["checkpoint"])
+    net.load_state_dict(torch.load(best / "model.pt", weights_only=False)[0])
+    net.eval()
+    return cfg, net, load(workdir / "tokenizer" / "tokenizer.model")
+
+
+@torch.no_grad()
+def _mean_loss(net, stream: np.ndarray, seq_length: int) -> tuple[float, int]:
+    """Mean next-token loss over the stream, cut into windows of seq_length + 1 tokens that
+    overlap by one (every token after the first predicted once)."""
+    total, count = 0.0, 0
+    for begin in range(0, len(stream) - 1, seq_length):
+        chunk = torch.from_numpy(stream[begin : begin + seq_length + 1].astype(np.int64))
+        inputs, labels = chunk[:-1][None], chunk[1:]
+        logits = net(inputs, torch.arange(inputs.shape[1])[None], None)[0]
+        total += float(F.cross_entropy(logits.double(), labels, reduction="sum"))
+        count += len(labels)
+    return total / count, count
+
+
+def test_the_best_checkpoint_has_the_lowest_validation_loss_of_those_saved(run):
+    workdir, _ = run
+    saved = {
+        p.name: json.loads((p / "state.json").read_text())["val_loss"]
+        for p in sorted((workdir / "checkpoints").glob("iter_*"))
+    }
+    assert len(saved) == 2 and all(v is not None for v in saved.values()), saved
+    best = json.loads((workdir / "checkpoints" / "best.json").read_text())["name"]
+    assert saved[best] == min(saved.values())
+    evaluation = _evaluation(workdir)
+    assert Path(evaluation["checkpoint"]).name == best
+    rows = {r["checkpoint"]: r for r in evaluation["checkpoints"]}
+    assert {name: r["val_loss"] for name, r in rows.items()} == saved
+    assert rows[best]["test_loss"] == evaluation["test_loss"]
+    report = (workdir / "report.md").read_text()
+    for r in evaluation["checkpoints"]:
+        assert f"| {r['test_loss']:.4f} | {r['test_ppl']:.2f} |" in report
+    assert (workdir / "eval" / "checkpoints.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_test_perplexity_recomputed_from_the_test_documents_matches_the_report(run, fresh_model):
+    from megatron.core.datasets.indexed_dataset import IndexedDataset
+
+    workdir, _ = run
+    cfg, net, _ = fresh_model
+    manifest = data.load_manifest(cfg)
+    pieces = []
+    for shard in manifest["shards"]:
+        ds = IndexedDataset(str(workdir / shard["prefix"]))
+        docs = ds.document_indices
+        begin, end = data.split_bounds(len(docs) - 1, cfg.data.split)[2]
+        # copies: the arrays of a dataset map its file, unmapped when it is collected
+        pieces += [np.array(ds[i]) for i in range(docs[begin], docs[end])]
+    loss, count = _mean_loss(net, np.concatenate(pieces), cfg.model.seq_length)
+    evaluation = _evaluation(workdir)
+    assert count == evaluation["test_tokens"] == manifest["total"]["split_tokens"]["test"] - 1
+    assert math.exp(loss) == pytest.approx(evaluation["test_ppl"], rel=1e-4)
+    report = (workdir / "report.md").read_text()
+    assert f"| test_ppl | {evaluation['test_ppl']} |" in report
+
+
+def test_extra_sets_are_tokenized_with_the_runs_tokenizer_and_reported(run, fresh_model):
+    workdir, _ = run
+    cfg, net, sp = fresh_model
+    documents = []
+    for line in (workdir.parent / "extra" / "code.jsonl").read_text().splitlines():
+        if line not in EXTRA_BAD_LINES:
+            documents.append(np.array(sp.encode(json.loads(line)["text"]) + [sp.eos_id()]))
+    loss, count = _mean_loss(net, np.concatenate(documents), cfg.model.seq_length)
+    code = _evaluation(workdir)["sets"]["code"]
+    assert code["documents"] == len(documents) and code["tokens"] == count
+    assert code["rejected"] == {"malformed_json": 1, "missing_text": 1}
+    assert code["ppl"] == pytest.approx(math.exp(loss), rel=1e-4)
+    summary = json.loads((workdir / "summary.json").read_text())
+    assert summary["set_ppl"]["code"] == code["ppl"]
+    report = (workdir / "report.md").read_text()
+    row = f"| code | {len(documents)} | {count} | {code['loss']:.4f} | {code['ppl']:.2f} | 2 |"
+    assert row in report
+
+
+def test_the_harness_scores_are_the_models_log_likelihoods(fresh_model):
+    from pipeline import harness
+
+    cfg, net, sp = fresh_model
+    context, continuation = "def read(path):", "\n    return open(path).read()"
+    ids = [sp.eos_id()] + sp.encode(context) + sp.encode(continuation)
+    tail = len(sp.encode(continuation))
+    with torch.no_grad():
+        logits = net(torch.tensor([ids[:-1]]), torch.arange(len(ids) - 1)[None], None)[0]
+    per_token = -F.cross_entropy(logits.double(), torch.tensor(ids[1:]), reduction="none")
+    score, _ = harness.loglikelihood(net, sp, context, continuation, cfg.model.seq_length, "cpu")
+    assert score == pytest.approx(float(per_token[-tail:].sum()), rel=1e-5)
+
+
+def test_downstream_tasks_say_in_one_line_why_they_were_skipped(run):
+    workdir, _ = run
+    result = _evaluation(workdir)["harness"]
+    if importlib.util.find_spec("lm_eval") is not None:
+        pytest.skip("lm_eval is installed here")
+    line = "lm-evaluation-harness skipped (hellaswag): the lm_eval package is not installed"
+    assert result["skipped"] == line
+    assert f"\n{line}\n" in (workdir / "report.md").read_text()
+
+
+def test_the_report_plots_both_loss_curves_once_per_step(run):
+    workdir, _ = run
+    assert (workdir / "train" / "loss.png").read_bytes()[:4] == b"\x89PNG"
+    assert (workdir / "train" / "throughput.png").read_bytes()[:4] == b"\x89PNG"
+    lines = (workdir / "train" / "loss.csv").read_text().splitlines()[1:]
+    steps: dict[str, list[int]] = {}
+    for line in lines:
+        series, step, _, _ = line.split(",")
+        steps.setdefault(series, []).append(int(step))
+    # the resumed attempt logged steps 15 and 20 again: the plot keeps one point per step
+    assert steps == {"train": [5, 10, 15, 20], "validation": [10, 20]}
+    report = (workdir / "report.md").read_text()
+    assert "![loss curves](train/loss.png)" in report
+    assert "train (4 points) and validation (2 points)" in report
+    assert '<img src="train/loss.png"' in (workdir / "report.html").read_text()
+
+
+def test_samples_are_decoded_with_the_runs_tokenizer(run, fresh_model):
+    workdir, _ = run
+    _, _, sp = fresh_model
+    samples = _evaluation(workdir)["samples"]
+    report = (workdir / "report.md").read_text()
+    assert len(samples) == 3
+    for s in samples:
+        assert s["greedy_ids"] or s["sampled_ids"]
+        for kind in ("greedy", "sampled"):
+            assert sp.decode(s[f"{kind}_ids"]) == s[kind]
+            assert all(0 <= i < sp.vocab_size() for i in s[f"{kind}_ids"])
+        assert f"### {s['prompt']}" in report and s["sampled"] in report
+
+
+def test_job_accounting_times_every_step_and_counts_the_resume(run):
+    workdir, _ = run
+    report = (workdir / "report.md").read_text()
+    timed = [line.split(" | ")[0][2:] for line in report.splitlines() if " s | " in line]
+    assert timed == ["tokenizer", "tokenize", "verify", "index", "train", "evaluate"]
+    assert "| training resumed (requeues, reruns) | 1; from iter_0000010 |" in report
+    assert "| GPU hours: total | 0.000 |" in report
+    summary = json.loads((workdir / "summary.json").read_text())
+    assert summary["resumes"] == 1 and summary["gpu_hours"] == 0
+    assert summary["wall_seconds"] > 0
+
+
+def test_changing_an_eval_setting_redoes_the_evaluation_only(run, tmp_path):
+    workdir, args = run
+    copy = tmp_path / "run"
+    shutil.copytree(workdir, copy, symlinks=True)
+    before = _evaluation(workdir)
+    args = [a for a in args if not a.startswith(("workdir=", "eval.all_checkpoints="))]
+    again = pipeline(f"workdir={copy}", *args)
+    assert "already complete: tokenizer, tokenize, verify, index, train" in again.stderr
+    assert "evaluate: running" in again.stderr
+    after = _evaluation(copy)
+    assert "checkpoints" not in after
+    assert after["test_loss"] == pytest.approx(before["test_loss"], rel=1e-9)
+
+
+def test_a_sweep_summary_compares_the_points(run):
+    workdir, _ = run
+    command = ["-m", "cluster=local", f"workdir={workdir}", *SMALL, "stages=[train,evaluate]"]
+    result = subprocess.run(
+        [sys.executable, "-m", "pipeline", *command, "train.lr=0.003,0.001"],
+        cwd=CONF.parent,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "Sweep summary" in result.stdout
+    summary = (workdir / "sweep" / "summary.md").read_text()
+    header, _, *rows = summary.splitlines()[:4]
+    assert "| best val loss |" in header and header.endswith("| test ppl |")
+    for point, lr in zip((0, 1), ("0.003", "0.001"), strict=True):
+        s = json.loads((workdir / "sweep" / str(point) / "summary.json").read_text())
+        row = next(r for r in rows if r.startswith(f"| {point} |"))
+        assert f"train.lr={lr}" in row
+        assert f"| {s['best_val_loss']:.4f} |" in row and row.endswith(f"| {s['test_ppl']:.2f} |")
+    assert "![validation loss of each point](val_loss.png)" in summary
+    assert (workdir / "sweep" / "val_loss.png").read_bytes()[:4] == b"\x89PNG"
