@@ -57,14 +57,18 @@ def _samples(cfg: DictConfig, engine, tokenizer_model: Path) -> list[dict]:
 
 
 def is_complete(cfg: DictConfig) -> bool:
-    return RunLayout.of(cfg.workdir).eval_done.exists()
+    """The results and the report: a job killed between the two writes the report again."""
+    layout = RunLayout.of(cfg.workdir)
+    return layout.eval_done.exists() and layout.report.exists()
 
 
 def run(cfg: DictConfig) -> dict:
     from pipeline.engine import Engine
 
     layout = RunLayout.of(cfg.workdir)
-    if is_complete(cfg):
+    if layout.eval_done.exists():
+        if not layout.report.exists():
+            report.write_report(layout)
         return files.read_json(layout.eval_done)
     started = time.time()
     manifest = data.load_manifest(cfg)

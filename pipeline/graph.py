@@ -52,7 +52,9 @@ def _train_complete(cfg: DictConfig) -> bool:
 
 
 def _evaluate_complete(cfg: DictConfig) -> bool:
-    return RunLayout.of(cfg.workdir).eval_done.exists()
+    """As evaluate.is_complete, without importing torch into the launcher."""
+    layout = RunLayout.of(cfg.workdir)
+    return layout.eval_done.exists() and layout.report.exists()
 
 
 def prepare_inputs(cfg: DictConfig) -> None:

@@ -13,12 +13,23 @@ import time
 from omegaconf import DictConfig
 
 from pipeline import files
+from pipeline.errors import StageError
 from pipeline.graph import Step
 from pipeline.layout import RunLayout
 
 
 def _say(text: str) -> None:
     print(f"[pipeline] {text}", file=sys.stderr, flush=True)
+
+
+def _stop_if_interrupted(step: Step, result) -> None:
+    """A step that saved and stopped on a signal ends the chain here: the steps after it must
+    not run on its unfinished outputs (evaluating a half-trained model, say)."""
+    if isinstance(result, dict) and result.get("status") == "interrupted":
+        raise StageError(
+            f"{step.name}: stopped by a signal at step {result.get('step')} after saving; "
+            "rerun the same command to resume"
+        )
 
 
 def _local_workers(cfg: DictConfig, tasks: int) -> int:
@@ -49,7 +60,7 @@ def run_inprocess(steps: list[Step], cfg: DictConfig) -> None:
                     f"{step.name} needs {step.ranks} processes: use cluster.executor=subprocess "
                     "or cluster=slurm"
                 )
-            step.run(cfg)
+            _stop_if_interrupted(step, step.run(cfg))
         _say(f"{step.name}: done in {time.time() - started:.1f} s")
 
 
@@ -78,7 +89,7 @@ def run_subprocess(steps: list[Step], cfg: DictConfig) -> None:
             submitted = [executor.submit(jobs.DistributedTask(step.run, cfg))]
         _say(f"{step.name}: {len(submitted)} job(s), logs under {submitted[0].paths.folder}")
         for job in submitted:
-            job.results()
+            _stop_if_interrupted(step, job.results()[0])
         _say(f"{step.name}: done in {time.time() - started:.1f} s")
 
 
