@@ -446,8 +446,9 @@ def _validate_script_values(cfg: DictConfig) -> None:
         value = OmegaConf.select(cfg, key)
         _require(value is None or not _CONTROL.search(str(value)), key, _NO_CONTROL)
     for name, value in cfg.cluster.sbatch_extra.items():
+        valid = bool(_SBATCH_OPTION.fullmatch(str(name)))
+        _require(valid, "cluster.sbatch_extra", f"{str(name)!r} is not an sbatch option name")
         key = f"cluster.sbatch_extra.{name}"
-        _require(bool(_SBATCH_OPTION.fullmatch(str(name))), key, "is not an sbatch option name")
         _require(
             isinstance(value, (str, int, float)) and value is not False,
             key,
