@@ -37,6 +37,9 @@ SMALL = [
     "train.save_interval=10",
     "train.eval_iters=4",
 ]
+# SMALL with one torch thread, for tests that start several pipelines: at this size a second
+# thread buys nothing, and on a shared 2-core machine it spins against the other work.
+SMALL_SERIAL = [*SMALL, "train.threads=1"]
 
 
 def make_config(workdir: Path | str, *overrides: str, validate: bool = True) -> DictConfig:

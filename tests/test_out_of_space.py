@@ -14,7 +14,7 @@ from pathlib import Path
 
 from pipeline import checkpoint, files
 from pipeline.layout import RunLayout
-from tests.conftest import CONF, SMALL, cli, copy_tokenized
+from tests.conftest import CONF, SMALL_SERIAL, cli, copy_tokenized
 
 
 def ignore_sigxfsz() -> None:
@@ -42,7 +42,7 @@ def snapshot(folder: Path) -> dict[str, str]:
 def test_disk_full_during_a_checkpoint_save_keeps_the_earlier_ones(tokenized, tmp_path):
     workdir = copy_tokenized(tokenized, tmp_path / "run")
     data_before = snapshot(workdir / "data")
-    command = [f"workdir={workdir}", *SMALL, "stages=[train]", "train.steps=100"]
+    command = [f"workdir={workdir}", *SMALL_SERIAL, "stages=[train]", "train.steps=100"]
     root = RunLayout.of(str(workdir)).checkpoints
     with open(tmp_path / "stderr", "w+") as stderr:
         proc = subprocess.Popen(

@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.conftest import CONF, SMALL
+from tests.conftest import CONF, SMALL, SMALL_SERIAL
 
 ROOT = CONF.parent
 
@@ -128,7 +128,8 @@ def test_two_launches_racing_on_one_workdir_one_runs_and_the_other_names_it(tmp_
     """Both start at once on a fresh workdir: the lock is taken inside the real launch, and the
     one that loses names the winner even if it looks while the winner is still writing."""
     workdir = tmp_path / "run"
-    command = [sys.executable, "-m", "pipeline", "cluster=local", f"workdir={workdir}", *SMALL]
+    command = [sys.executable, "-m", "pipeline", "cluster=local", f"workdir={workdir}"]
+    command += SMALL_SERIAL
     logs = [tmp_path / f"launch{i}.err" for i in range(2)]
     launches = []
     for log in logs:

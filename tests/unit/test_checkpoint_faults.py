@@ -14,7 +14,7 @@ import pytest
 
 from pipeline import checkpoint, train
 from pipeline.layout import RunLayout
-from tests.conftest import CONF, SMALL, cli, copy_tokenized, loss_curve
+from tests.conftest import CONF, SMALL_SERIAL, cli, copy_tokenized, loss_curve
 
 
 @pytest.mark.parametrize("name", ["model.pt", "optimizer.pt", "state.json"])
@@ -41,7 +41,7 @@ def test_a_flipped_byte_is_detected_and_the_previous_checkpoint_resumes(run_copy
 def _train_command(workdir) -> list[str]:
     return [
         f"workdir={workdir}",
-        *SMALL,
+        *SMALL_SERIAL,
         "stages=[train]",
         "train.steps=60",
         "train.save_interval=1",  # saving most of the time: a kill lands mid-save
