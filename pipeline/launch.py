@@ -75,6 +75,18 @@ def _local_executor(cfg: DictConfig, step: Step):
     return executor
 
 
+def _results(step: Step, job) -> list:
+    """A local job's results; a failed job is reported in one line: its error, and its log."""
+    from submitit.core.utils import FailedJobError
+
+    try:
+        return job.results()
+    except FailedJobError as e:
+        parts = str(e).split("-" * 22)  # submitit quotes the job's traceback between rules
+        last = parts[1].strip().splitlines()[-1] if len(parts) > 2 else str(e).splitlines()[0]
+        raise StageError(f"{step.name} failed: {last} (log: {job.paths.stderr})") from None
+
+
 def run_subprocess(steps: list[Step], cfg: DictConfig) -> None:
     """Each step as its own job of submitit's local executor, one after the other."""
     from pipeline import jobs
@@ -89,7 +101,7 @@ def run_subprocess(steps: list[Step], cfg: DictConfig) -> None:
             submitted = [executor.submit(jobs.DistributedTask(step.run, cfg))]
         _say(f"{step.name}: {len(submitted)} job(s), logs under {submitted[0].paths.folder}")
         for job in submitted:
-            _stop_if_interrupted(step, job.results()[0])
+            _stop_if_interrupted(step, _results(step, job)[0])
         _say(f"{step.name}: done in {time.time() - started:.1f} s")
 
 

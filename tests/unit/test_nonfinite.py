@@ -5,6 +5,7 @@ weights is ever written."""
 from __future__ import annotations
 
 import math
+import re
 
 import pytest
 import torch
@@ -12,6 +13,7 @@ import torch
 from pipeline import checkpoint, train
 from pipeline.errors import NonFinite
 from pipeline.layout import RunLayout
+from tests.conftest import SMALL_SERIAL, cli, copy_tokenized
 
 
 def poison_loss(trainer: train.Trainer, step: int) -> None:
@@ -129,3 +131,25 @@ def test_weights_that_are_not_finite_are_never_saved(run_copy):
     assert saved_weights_are_finite(layout.checkpoints)
     assert (layout.checkpoints / checkpoint.TRACKER).read_text().strip() == "iter_0000010"
     assert not layout.train_done.exists()
+
+
+def test_two_ranks_agree_and_stop_at_the_same_step_in_one_line(tokenized, tmp_path):
+    """Two gloo ranks in their own processes: both stop at the same step (one alone would
+    leave the other waiting in a collective), and the launcher says so in one line."""
+    workdir = copy_tokenized(tokenized, tmp_path / "run")
+    result = cli(
+        f"workdir={workdir}",
+        *SMALL_SERIAL,
+        "stages=[train]",
+        "train.lr=1e38",
+        "train.nonfinite=stop",
+        "cluster.executor=subprocess",
+        "cluster.tasks_per_node=2",
+    )
+    assert result.returncode == 1
+    assert "Traceback" not in result.stderr
+    last = result.stderr.strip().splitlines()[-1]
+    assert re.match(r"error: train failed: \S*NonFinite: step \d+: loss \S+, grad norm nan", last)
+    logs = sorted((workdir / "logs" / "jobs" / "train").glob("*/*_log.err"))
+    stops = [re.findall(r"NonFinite: (step \d+)", log.read_text())[-1:] for log in logs]
+    assert len(stops) == 2 and stops[0] == stops[1] and stops[0][0] in last, stops
