@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import random
 import re
+import signal
 import subprocess
 import sys
 import threading
@@ -105,3 +106,34 @@ def test_killed_at_a_random_moment_the_rerun_finishes_as_if_never_killed(
     summary, reference = (json.loads((w / "summary.json").read_text()) for w in (workdir, clean))
     assert summary["test_loss"] == reference["test_loss"]
     assert layout.report.exists()
+
+
+def test_sigterm_in_training_saves_stops_the_chain_and_the_rerun_resumes(uninterrupted, tmp_path):
+    """SIGTERM (preemption, or a user's kill) is not a crash: training saves at the next step
+    and stops; run locally, evaluation must not run on the half-trained model."""
+    clean, _ = uninterrupted
+    workdir = tmp_path / "run"
+    with open(tmp_path / "stderr", "w+") as stderr:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "pipeline", "cluster=local", f"workdir={workdir}"]
+            + SMALL_SERIAL,
+            cwd=CONF.parent,
+            stdout=subprocess.DEVNULL,
+            stderr=stderr,
+        )
+        metrics = RunLayout.of(str(workdir)).metrics  # first written at step 5 of 20
+        while not metrics.exists() and proc.poll() is None:
+            time.sleep(0.002)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=300) == 1
+        stderr.seek(0)
+        log = stderr.read()
+    stopped = re.search(r"error: train: stopped by a signal at step (\d+) after saving; rerun", log)
+    assert stopped and log.endswith("rerun the same command to resume\n"), log[-2000:]
+    assert "evaluate: running" not in log
+    step = int(stopped[1])
+    rerun = cli(f"workdir={workdir}", *SMALL_SERIAL)
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    folder = RunLayout.of(str(workdir)).checkpoints / checkpoint.folder_name(step)
+    assert f"resumed from {folder} at step {step}" in rerun.stderr
+    assert loss_curve(workdir) == loss_curve(clean)
