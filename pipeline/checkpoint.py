@@ -207,10 +207,10 @@ def _apply_retention(root: Path, keep_last: int) -> None:
         files.remove_tree(path, workdir)
 
 
-def latest(root: Path) -> Path | None:
+def latest(root: Path, checksums: bool = True) -> Path | None:
     """The newest valid checkpoint; damaged or incomplete ones are skipped with a warning."""
     for folder in reversed(_finished(root)):
-        reason = problem(folder)
+        reason = problem(folder, checksums)
         if reason is None:
             return folder
         warnings.warn(
@@ -219,11 +219,11 @@ def latest(root: Path) -> Path | None:
     return None
 
 
-def best(root: Path) -> Path | None:
+def best(root: Path, checksums: bool = True) -> Path | None:
     record = files.read_json_or_none(root / BEST)
-    if record and is_valid(root / record["name"]):
+    if record and is_valid(root / record["name"], checksums):
         return root / record["name"]
-    return latest(root)
+    return latest(root, checksums)
 
 
 def load(folder: Path, backend, chunks, optimizer) -> dict:

@@ -136,7 +136,7 @@ class Trainer(Engine):
         self.scheduler.load_state_dict(self.state.scheduler)
         self._log(f"resumed from {folder} at step {self.state.step}")
 
-    def trim_metrics(self) -> None:
+    def _trim_metrics(self) -> None:
         """Keep the metrics of the steps up to the one this run starts from: a killed run may
         have logged later steps, which are done again, or died in the middle of a line."""
         path = self.layout.metrics
@@ -198,7 +198,7 @@ class Trainer(Engine):
         cfg, t = self.cfg, self.cfg.train
         self.layout.train_dir.mkdir(parents=True, exist_ok=True)
         self.resume()
-        self.trim_metrics()
+        self._trim_metrics()
         train_ds, valid_ds = data.train_valid_datasets(cfg, self.manifest)
         iterators = self.iterators(train_ds, self.state.consumed_samples, t.micro_batch_size)
         writer = self._tensorboard()
@@ -276,7 +276,7 @@ class Trainer(Engine):
     def _finish(self) -> dict:
         st, t, m = self.state, self.cfg.train, self.cfg.model
         checkpoint.require_finite(self.chunks, st.step)  # never mark diverged weights complete
-        best = checkpoint.best(self.layout.checkpoints)
+        best = checkpoint.best(self.layout.checkpoints, checksums=False)  # evaluation verifies it
         best_record = files.read_json_or_none(self.layout.checkpoints / checkpoint.BEST) or {}
         result = {
             "status": "complete",
