@@ -9,7 +9,9 @@ import hydra
 from omegaconf import DictConfig, OmegaConf
 
 from pipeline import config as config_schema
+from pipeline import files
 from pipeline.config import ConfigError
+from pipeline.errors import StageError
 from pipeline.lock import RunLocked
 
 config_schema.register()
@@ -90,6 +92,16 @@ def main(cfg: DictConfig) -> int:
     except RunLocked as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(3)
+    except StageError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(1)
+    except Exception as e:
+        cause = files.space_error(e)  # out of space somewhere no stage named the file
+        if cause is None:
+            raise
+        what = cause.filename or "the run folder"
+        print(f"error: {files.out_of_space_message(cause, what)}", file=sys.stderr)
+        sys.exit(1)
 
 
 def slurm_answers() -> bool:

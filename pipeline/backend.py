@@ -182,6 +182,13 @@ class DataParallelAdamW:
         self.optimizer.load_state_dict(state)
 
 
+def _save(obj: Any, path: Path) -> None:
+    """torch.save through a Python file, so that a failed write (disk full) keeps its OSError
+    behind torch's RuntimeError; given a path, torch reports only a position mismatch."""
+    with open(path, "wb") as f:
+        torch.save(obj, f)
+
+
 class CpuBackend:
     name = "cpu"
     device = torch.device("cpu")
@@ -228,9 +235,9 @@ class CpuBackend:
     def save(self, folder: Path, chunks: list[torch.nn.Module], optimizer: Any) -> None:
         if torch.distributed.is_initialized() and torch.distributed.get_rank() != 0:
             return  # data-parallel replicas hold the same weights and optimizer state
-        torch.save([c.state_dict() for c in chunks], folder / "model.pt")
+        _save([c.state_dict() for c in chunks], folder / "model.pt")
         if optimizer is not None:
-            torch.save(optimizer.state_dict(), folder / "optimizer.pt")
+            _save(optimizer.state_dict(), folder / "optimizer.pt")
 
     def load(self, folder: Path, chunks: list[torch.nn.Module], optimizer: Any | None) -> None:
         states = torch.load(folder / "model.pt", map_location="cpu", weights_only=False)

@@ -143,7 +143,7 @@ class TransformerEngineBackend:
             initial_loss_scale=2.0**16,
             use_distributed_optimizer=cfg.parallel.distributed_optimizer,
         )
-        return _StepAdapter(get_megatron_optimizer(config, chunks))
+        return _StepAdapter(get_megatron_optimizer(config, chunks), chunks, t.precision == "fp16")
 
     def schedule_context(self) -> contextlib.AbstractContextManager:
         return contextlib.nullcontext()
@@ -208,11 +208,27 @@ def _unwrap(chunk: torch.nn.Module) -> torch.nn.Module:
     return chunk
 
 
-class _StepAdapter:
-    """megatron-core's optimizer under the contract the loop uses: step() -> (updated, norm)."""
+def _grads_finite(chunks: list[torch.nn.Module]) -> bool:
+    """No NaN or inf in this rank's gradients (megatron-core's DDP keeps them in main_grad)."""
+    grads = [
+        p.main_grad if hasattr(p, "main_grad") else p.grad
+        for chunk in chunks
+        for p in chunk.parameters()
+    ]
+    grads = [g for g in grads if g is not None]
+    return not grads or bool(torch.stack([torch.isfinite(g).all() for g in grads]).all())
 
-    def __init__(self, inner) -> None:
+
+class _StepAdapter:
+    """megatron-core's optimizer under the contract the loop uses: step() -> (updated, norm).
+    A step whose gradient is not finite on any rank is skipped by every rank: megatron-core's
+    bf16 and fp32 optimizers would apply it (only fp16 loss scaling checks, and lowers its
+    scale, so fp16 is left to it)."""
+
+    def __init__(self, inner, chunks: list[torch.nn.Module], fp16: bool) -> None:
         self.inner = inner
+        self.chunks = chunks
+        self.fp16 = fp16
 
     @property
     def param_groups(self) -> list[dict]:
@@ -222,6 +238,11 @@ class _StepAdapter:
         self.inner.zero_grad()
 
     def step(self) -> tuple[bool, float]:
+        from pipeline import distributed
+
+        device = next(self.chunks[0].parameters()).device
+        if not self.fp16 and distributed.any_rank(not _grads_finite(self.chunks), device):
+            return False, float("nan")
         updated, grad_norm, _ = self.inner.step()
         return bool(updated), float(grad_norm) if grad_norm is not None else float("nan")
 

@@ -2,17 +2,20 @@
 
 checkpoints/iter_0000200/ holds the backend's weights and optimizer files, every rank's RNG
 state, state.json (step, data position, scheduler, losses) and, written last, COMPLETE.json
-listing each file with its size. A folder without a matching COMPLETE.json is never loaded.
-`latest.txt` names the newest complete checkpoint and `best.json` the one with the lowest
-validation loss; retention never deletes the best.
+listing each file with its size and sha256. It is written as iter_0000200.partial/ and renamed
+when complete; a folder whose files do not match its COMPLETE.json (killed mid-save, truncated,
+altered) is never loaded, and weights that are not finite are never saved. `latest.txt` names
+the newest complete checkpoint, written after it; `best.json` the one with the lowest
+validation loss. Retention never deletes the best, nor anything outside the run folder.
 """
 
 from __future__ import annotations
 
 import os
 import random
-import shutil
+import re
 import warnings
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -20,10 +23,12 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from pipeline import files
+from pipeline import distributed, files
+from pipeline.errors import NonFinite
 
 TRACKER = "latest.txt"
 BEST = "best.json"
+NAME = re.compile(r"iter_\d{7}")  # a finished checkpoint; .partial and .deleting ones are not
 
 
 def folder_name(step: int) -> str:
@@ -38,13 +43,36 @@ def _listing(folder: Path) -> dict[str, int]:
     }
 
 
-def is_valid(folder: Path) -> bool:
-    """Complete and unaltered in size: every file COMPLETE.json lists is there, same size."""
-    complete = files.read_json_or_none(folder / "COMPLETE.json")
+def _checksums(folder: Path, names: list[str]) -> dict[str, str]:
+    """sha256 of each file, a few at a time (hashlib releases the GIL on large reads)."""
+    with ThreadPoolExecutor(8) as pool:
+        return dict(zip(names, pool.map(lambda n: files.sha256(folder / n), names), strict=True))
+
+
+def problem(folder: Path, checksums: bool = True) -> str | None:
+    """Why `folder` is not a loadable checkpoint, or None if it is: COMPLETE.json is there and
+    every file it lists has its recorded size and (with `checksums`) its recorded sha256."""
+    try:
+        complete = files.read_json_or_none(folder / "COMPLETE.json")
+    except ValueError:
+        return "COMPLETE.json is damaged"
     if complete is None:
-        return False
+        return "no COMPLETE.json: the save did not finish"
     listing = _listing(folder)
-    return all(listing.get(name) == size for name, size in complete["files"].items())
+    for name, size in complete["files"].items():
+        if name not in listing:
+            return f"{name} is missing"
+        if listing[name] != size:
+            return f"{name} has {listing[name]} bytes, {size} when saved"
+    recorded = complete.get("sha256", {}) if checksums else {}  # older saves recorded sizes only
+    for name, digest in _checksums(folder, sorted(recorded)).items():
+        if digest != recorded[name]:
+            return f"{name} does not match its sha256 when saved"
+    return None
+
+
+def is_valid(folder: Path, checksums: bool = True) -> bool:
+    return problem(folder, checksums) is None
 
 
 def rng_state() -> dict[str, Any]:
@@ -81,16 +109,23 @@ def _barrier() -> None:
         dist.barrier()
 
 
-def save(root: Path, step: int, state: dict, backend, chunks, optimizer, keep_last: int) -> Path:
-    """Collective: every rank calls it. Returns the checkpoint folder."""
-    final = root / folder_name(step)
-    partial = root / f"{folder_name(step)}.partial"
-    if _rank() == 0:
-        shutil.rmtree(partial, ignore_errors=True)
-        partial.mkdir(parents=True)
-    _barrier()
+def require_finite(chunks, step: int) -> None:
+    """Collective: raise NonFinite on every rank if any rank's weights hold a NaN or inf."""
+    named = [(name, p) for chunk in chunks for name, p in chunk.named_parameters()]
+    finite = torch.stack([torch.isfinite(p).all() for _, p in named])
+    bad = None if bool(finite.all()) else named[int((~finite).nonzero()[0])][0]
+    if distributed.any_rank(bad is not None, finite.device):
+        raise NonFinite(
+            f"step {step}: the weights are not finite ({bad or 'on another rank'}); no "
+            "checkpoint written, the earlier ones are kept: lower train.lr or check the data"
+        )
+
+
+def _write(partial: Path, step: int, state: dict, backend, chunks, optimizer) -> None:
+    """Every file of the checkpoint into `partial`, COMPLETE.json last (collective)."""
     backend.save(partial, chunks, optimizer)
-    torch.save(rng_state(), partial / f"rng_rank{_rank():05d}.pt")
+    with open(partial / f"rng_rank{_rank():05d}.pt", "wb") as f:  # a file: errors keep errno
+        torch.save(rng_state(), f)
     _barrier()
     if _rank() == 0:
         files.write_json(partial / "state.json", state)
@@ -98,12 +133,36 @@ def save(root: Path, step: int, state: dict, backend, chunks, optimizer, keep_la
             if path.is_file():
                 with open(path, "rb") as f:
                     os.fsync(f.fileno())
-        files.write_json(partial / "COMPLETE.json", {"step": step, "files": _listing(partial)})
-        if final.exists():  # a save of this step from an earlier, interrupted attempt
-            shutil.rmtree(final)
+        sizes = _listing(partial)
+        complete = {"step": step, "files": sizes, "sha256": _checksums(partial, sorted(sizes))}
+        files.write_json(partial / "COMPLETE.json", complete)
+
+
+def save(root: Path, step: int, state: dict, backend, chunks, optimizer, keep_last: int) -> Path:
+    """Collective: every rank calls it. Returns the checkpoint folder. Refuses weights that are
+    not finite; a write that fails (no space) removes its partial folder and leaves the earlier
+    checkpoints and latest.txt as they were."""
+    require_finite(chunks, step)
+    final = root / folder_name(step)
+    partial = root / f"{folder_name(step)}.partial"
+    workdir = root.parent
+    if _rank() == 0:
+        files.remove_tree(partial, workdir)  # from an earlier attempt that was killed
+        partial.mkdir(parents=True)
+    _barrier()
+    try:
+        with files.reporting_space(f"checkpoint {partial}"):
+            _write(partial, step, state, backend, chunks, optimizer)
+    except BaseException:
+        if _rank() == 0:
+            files.remove_tree(partial, workdir)
+        raise
+    if _rank() == 0:
+        if final.exists():  # a save of this step from an earlier attempt, since resumed from
+            _discard(final, workdir)
         partial.rename(final)
         files.fsync_dir(root)
-        files.write_text(root / TRACKER, final.name + "\n")
+        files.write_text(root / TRACKER, final.name + "\n")  # only ever names a whole save
         _update_best(root, final, state)
         _apply_retention(root, keep_last)
     _barrier()
@@ -115,37 +174,56 @@ def _update_best(root: Path, folder: Path, state: dict) -> None:
     if val is None:
         return
     best = files.read_json_or_none(root / BEST)
-    if best is None or val < best["val_loss"] or not is_valid(root / best["name"]):
+    stale = best is None or not is_valid(root / best["name"], checksums=False)
+    if stale or val < best["val_loss"]:
         files.write_json(root / BEST, {"name": folder.name, "step": state["step"], "val_loss": val})
 
 
+def _discard(folder: Path, workdir: Path) -> None:
+    """Delete a checkpoint folder: renamed first, so a kill midway leaves no half-deleted
+    folder under a checkpoint's name. Links, and folders outside the run, are left alone."""
+    if folder.is_symlink() or not folder.resolve().is_relative_to(workdir.resolve()):
+        warnings.warn(f"not deleting {folder}: it leads outside {workdir}", stacklevel=2)
+        return
+    doomed = folder.with_name(folder.name + ".deleting")
+    folder.rename(doomed)
+    files.remove_tree(doomed, workdir)
+
+
+def _finished(root: Path) -> list[Path]:
+    return sorted(p for p in root.glob("iter_*") if NAME.fullmatch(p.name))
+
+
 def _apply_retention(root: Path, keep_last: int) -> None:
+    workdir = root.parent
     best = files.read_json_or_none(root / BEST)
     keep = {best["name"]} if best else set()
-    complete = [p for p in sorted(root.glob("iter_*")) if not p.name.endswith(".partial")]
-    keep.update(p.name for p in complete[-keep_last:])
-    for path in complete:
-        # only our own folders directly under root are ever deleted
-        if path.name not in keep and path.parent == root and path.is_dir():
-            shutil.rmtree(path)
+    finished = _finished(root)
+    keep.update(p.name for p in finished[-keep_last:])
+    for path in finished:
+        if path.name not in keep:
+            _discard(path, workdir)
+    for path in root.glob("iter_*.*"):  # left by saves or deletions that were killed
+        files.remove_tree(path, workdir)
 
 
-def latest(root: Path) -> Path | None:
+def latest(root: Path, checksums: bool = True) -> Path | None:
     """The newest valid checkpoint; damaged or incomplete ones are skipped with a warning."""
-    for folder in sorted(root.glob("iter_*"), reverse=True):
-        if folder.name.endswith(".partial"):
-            continue
-        if is_valid(folder):
+    for folder in reversed(_finished(root)):
+        reason = problem(folder, checksums)
+        if reason is None:
             return folder
-        warnings.warn(f"skipping checkpoint {folder}: incomplete or damaged", stacklevel=2)
+        warnings.warn(
+            f"skipping checkpoint {folder}: incomplete or damaged ({reason})", stacklevel=2
+        )
     return None
 
 
-def best(root: Path) -> Path | None:
+def best(root: Path, checksums: bool = True) -> Path | None:
     record = files.read_json_or_none(root / BEST)
-    if record and is_valid(root / record["name"]):
+    if record and is_valid(root / record["name"], checksums):
         return root / record["name"]
-    return latest(root)
+    return latest(root, checksums)
 
 
 def load(folder: Path, backend, chunks, optimizer) -> dict:

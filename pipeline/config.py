@@ -8,6 +8,7 @@ what a schema cannot express (batch arithmetic, divisibility, paths) and fills d
 from __future__ import annotations
 
 import glob
+import math
 import os
 import re
 from dataclasses import dataclass, field
@@ -126,6 +127,7 @@ class TrainConfig:
     threads: int | None = None  # CPU threads per rank; None: torch's default
     exit_signal_lead_s: int = 120  # Slurm sends SIGUSR1 this long before the time limit
     max_requeues: int = 20
+    nonfinite: str = "skip"  # skip | stop: a step whose loss or gradient is NaN or infinite
 
 
 @dataclass
@@ -230,6 +232,8 @@ def data_parallel_size(cfg: DictConfig) -> int:
 def validate(cfg: DictConfig) -> DictConfig:
     """Check the composed config and fill derived values (train.grad_accum). Raises ConfigError."""
     _require(bool(cfg.workdir), "workdir", "must be a path")
+    _validate_script_values(cfg)
+    _validate_bounds(cfg)
     for stage in cfg.stages:
         _require(stage in STAGES, "stages", f"{stage!r} is not one of {', '.join(STAGES)}")
     _require(
@@ -414,3 +418,95 @@ def _validate_parallel_and_batch(cfg: DictConfig) -> None:
             f"{t.global_batch_size} != train.micro_batch_size x data-parallel size x "
             f"train.grad_accum = {t.micro_batch_size} x {dp} x {t.grad_accum}",
         )
+
+
+# Values that must be at least 1 (None, where a key allows it, means "derive it").
+_AT_LEAST_ONE = (
+    "data.max_document_bytes",
+    "data.builtin_corpus_bytes",
+    "data.merge_into",
+    "tokenizer.sample_documents",
+    "tokenizer.max_sentence_length",
+    "tokenizer.threads",
+    "model.ffn_hidden_size",
+    "model.make_vocab_size_divisible_by",
+    "parallel.virtual_pipeline",
+    "train.grad_accum",
+    "train.threads",
+    "eval.max_batches",
+    "eval.micro_batch_size",
+    "cluster.nodes",
+    "cluster.tasks_per_node",
+    "cluster.cpus_per_task",
+    "cluster.mem_gb",
+    "cluster.array_parallelism",
+)
+_NOT_NEGATIVE = (
+    "train.clip_grad",
+    "train.weight_decay",
+    "train.max_requeues",
+    "eval.max_new_tokens",
+    "eval.top_k",
+    "cluster.gpus_per_node",
+)
+_POSITIVE = ("train.lr", "train.adam_eps", "model.init_method_std", "model.rotary_base")
+_FRACTION = (
+    "train.adam_beta1",
+    "train.adam_beta2",
+    "model.hidden_dropout",
+    "model.attention_dropout",
+)
+
+
+def _validate_bounds(cfg: DictConfig) -> None:
+    """Numbers the schema types accept but the stages cannot use (a zero that would divide,
+    a negative size, a rate out of range): refused here rather than failing inside a job."""
+    _one_of(cfg, "train.nonfinite", ("skip", "stop"))
+    for key in _AT_LEAST_ONE:
+        value = OmegaConf.select(cfg, key)
+        _require(value is None or value >= 1, key, f"{value} must be at least 1")
+    for key in _NOT_NEGATIVE:
+        value = OmegaConf.select(cfg, key)
+        _require(value >= 0, key, f"{value} must not be negative")
+    for key in _POSITIVE:
+        value = OmegaConf.select(cfg, key)
+        _require(value > 0 and math.isfinite(value), key, f"{value} must be a positive number")
+    for key in _FRACTION:
+        value = OmegaConf.select(cfg, key)
+        _require(0 <= value < 1, key, f"{value} must be in [0, 1)")
+    top_p = cfg.eval.top_p
+    _require(0 < top_p <= 1, "eval.top_p", f"{top_p} must be in (0, 1]")
+
+
+# Control characters: a newline would end an #SBATCH line and start a shell command.
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+_SBATCH_OPTION = re.compile(r"[A-Za-z][A-Za-z0-9_-]*")
+_NO_CONTROL = "must not contain a newline or other control character (it goes into a script)"
+# The workdir is in every job's log paths and command line; the rest become #SBATCH options.
+_SCRIPT_KEYS = (
+    "workdir",
+    "cluster.partition",
+    "cluster.cpu_partition",
+    "cluster.account",
+    "cluster.qos",
+)
+
+
+def _validate_script_values(cfg: DictConfig) -> None:
+    """Config values that end up in the sbatch scripts submitit writes. submitit quotes each
+    value for the shell, so `x; rm -rf ~` stays one harmless word, but no quoting survives a
+    newline. cluster.setup lines are shell by design: they run as written, like a site's
+    module loads."""
+    for key in _SCRIPT_KEYS:
+        value = OmegaConf.select(cfg, key)
+        _require(value is None or not _CONTROL.search(str(value)), key, _NO_CONTROL)
+    for name, value in cfg.cluster.sbatch_extra.items():
+        valid = bool(_SBATCH_OPTION.fullmatch(str(name)))
+        _require(valid, "cluster.sbatch_extra", f"{str(name)!r} is not an sbatch option name")
+        key = f"cluster.sbatch_extra.{name}"
+        _require(
+            isinstance(value, (str, int, float)) and value is not False,
+            key,
+            f"{value!r} must be a string, a number or true (a flag)",
+        )
+        _require(not _CONTROL.search(str(value)), key, _NO_CONTROL)

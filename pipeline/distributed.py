@@ -54,6 +54,18 @@ def init(backend: str | None = None, timeout_minutes: int = 30) -> Rank:
     return me
 
 
+def any_rank(flag: bool, device=None) -> bool:
+    """True on every rank when `flag` is true on any: ranks act on a condition together (a stop
+    signal, a non-finite loss) instead of one rank alone leaving the others waiting."""
+    import torch
+    import torch.distributed as dist
+
+    agreed = torch.tensor([1.0 if flag else 0.0], device=device)
+    if dist.is_initialized():
+        dist.all_reduce(agreed, op=dist.ReduceOp.MAX)
+    return bool(agreed.item())
+
+
 def shutdown() -> None:
     import torch.distributed as dist
 

@@ -7,12 +7,19 @@ a stage marks itself complete last, so a rerun trusts a marker and redoes anythi
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
+import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+from pipeline.errors import OutOfSpace
+
+# A write that fails with one of these ran out of room: disk full, quota, or file-size limit.
+SPACE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG})
 
 
 def fsync_dir(path: str | os.PathLike) -> None:
@@ -83,3 +90,43 @@ def publish(
             os.fsync(f.fileno())
         os.replace(f"{partial}{suffix}", f"{final}{suffix}")
     fsync_dir(Path(final).parent)
+
+
+def space_error(error: BaseException | None) -> OSError | None:
+    """The out-of-space OSError behind `error` (itself or what it was raised from), if any:
+    torch's writers, for one, wrap it in a RuntimeError."""
+    while error is not None:
+        if isinstance(error, OSError) and error.errno in SPACE_ERRNOS:
+            return error
+        error = error.__cause__ or error.__context__
+    return None
+
+
+def out_of_space_message(cause: OSError, what: str) -> str:
+    return (
+        f"no space left writing {what}: {cause.strerror} ({errno.errorcode[cause.errno]}); "
+        "free space (or raise the quota or file-size limit) and rerun the same command: "
+        "complete outputs are kept"
+    )
+
+
+@contextlib.contextmanager
+def reporting_space(what: str) -> Iterator[None]:
+    """Turn running out of space while writing `what` into one clear OutOfSpace error."""
+    try:
+        yield
+    except Exception as e:
+        cause = space_error(e)
+        if cause is None:
+            raise
+        raise OutOfSpace(out_of_space_message(cause, what)) from e
+
+
+def remove_tree(path: Path, boundary: Path) -> bool:
+    """Delete the folder `path` only if it is a real folder (not a link) whose real location is
+    inside `boundary`: cleanup never reaches outside the run folder. Returns whether it did."""
+    inside = path.resolve().is_relative_to(boundary.resolve())
+    if path.is_symlink() or not path.is_dir() or not inside:
+        return False
+    shutil.rmtree(path)
+    return True

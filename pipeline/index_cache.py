@@ -5,6 +5,9 @@ instead of building it while the GPUs wait.
 The cache depends on the training config (sequence length, seed, samples per split), so it
 belongs to the run, not to the tokenized data: sweep points sharing one data folder each get
 their own. The marker records what it was built for; a changed config rebuilds it.
+megatron-core writes the cache files in place and trusts any it finds, so a build that was
+killed would leave truncated files it later loads: without a marker the folder is cleared
+before building.
 """
 
 from __future__ import annotations
@@ -46,6 +49,7 @@ def run(cfg: DictConfig) -> dict:
     if is_complete(cfg):
         return files.read_json(layout.index_done)
     started = time.time()
+    files.remove_tree(layout.index_cache, layout.root)  # no marker: nothing in it is trusted
     manifest = data.load_manifest(cfg)
     train, valid = data.train_valid_datasets(cfg, manifest)
     marker = {

@@ -14,12 +14,23 @@ from omegaconf import DictConfig
 
 from pipeline import files
 from pipeline.config import slurm_minutes
+from pipeline.errors import StageError
 from pipeline.graph import Step
 from pipeline.layout import RunLayout
 
 
 def _say(text: str) -> None:
     print(f"[pipeline] {text}", file=sys.stderr, flush=True)
+
+
+def _stop_if_interrupted(step: Step, result) -> None:
+    """A step that saved and stopped on a signal ends the chain here: the steps after it must
+    not run on its unfinished outputs (evaluating a half-trained model, say)."""
+    if isinstance(result, dict) and result.get("status") == "interrupted":
+        raise StageError(
+            f"{step.name}: stopped by a signal at step {result.get('step')} after saving; "
+            "rerun the same command to resume"
+        )
 
 
 def _local_workers(cfg: DictConfig, tasks: int) -> int:
@@ -50,7 +61,7 @@ def run_inprocess(steps: list[Step], cfg: DictConfig) -> None:
                     f"{step.name} needs {step.ranks} processes: use cluster.executor=subprocess "
                     "or cluster=slurm"
                 )
-            step.run(cfg)
+            _stop_if_interrupted(step, step.run(cfg))
         _say(f"{step.name}: done in {time.time() - started:.1f} s")
 
 
@@ -63,6 +74,18 @@ def _local_executor(cfg: DictConfig, step: Step):
         timeout_min=24 * 60, tasks_per_node=step.ranks, gpus_per_node=step.gpus_per_node
     )
     return executor
+
+
+def _results(step: Step, job) -> list:
+    """A local job's results; a failed job is reported in one line: its error, and its log."""
+    from submitit.core.utils import FailedJobError
+
+    try:
+        return job.results()
+    except FailedJobError as e:
+        parts = str(e).split("-" * 22)  # submitit quotes the job's traceback between rules
+        last = parts[1].strip().splitlines()[-1] if len(parts) > 2 else str(e).splitlines()[0]
+        raise StageError(f"{step.name} failed: {last} (log: {job.paths.stderr})") from None
 
 
 def run_subprocess(steps: list[Step], cfg: DictConfig) -> None:
@@ -79,7 +102,7 @@ def run_subprocess(steps: list[Step], cfg: DictConfig) -> None:
             submitted = [executor.submit(jobs.DistributedTask(step.run, cfg))]
         _say(f"{step.name}: {len(submitted)} job(s), logs under {submitted[0].paths.folder}")
         for job in submitted:
-            job.results()
+            _stop_if_interrupted(step, _results(step, job)[0])
         _say(f"{step.name}: done in {time.time() - started:.1f} s")
 
 

@@ -89,6 +89,10 @@ class RunLayout:
         return self.eval_dir / "DONE.json"
 
     @property
+    def report(self) -> Path:
+        return self.root / "report.md"
+
+    @property
     def summary(self) -> Path:
         return self.root / "summary.json"
 

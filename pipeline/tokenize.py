@@ -24,6 +24,7 @@ from pathlib import Path
 from omegaconf import DictConfig
 
 from pipeline import files
+from pipeline.errors import OutOfSpace
 from pipeline.indexed import ShardWriter
 from pipeline.layout import RunLayout
 from pipeline.records import BadRecord, Document, Reject, Span, read
@@ -219,8 +220,15 @@ def tokenize_shard(cfg: DictConfig, index: int, spans: list[Span]) -> dict:
 
 
 def run_task(cfg: DictConfig, index: int) -> dict:
-    """Array task `index`: tokenize that shard unless it is already complete."""
+    """Array task `index`: tokenize that shard unless it is already complete. Out of space,
+    it removes its partial files and says so in one line; complete shards are untouched."""
     prefix = RunLayout.of(cfg.workdir).shard_prefix(index)
     if is_shard_complete(prefix):
         return files.read_json(marker_path(prefix))
-    return tokenize_shard(cfg, index, plan(cfg)[index])
+    try:
+        with files.reporting_space(f"shard {index} ({prefix})"):
+            return tokenize_shard(cfg, index, plan(cfg)[index])
+    except OutOfSpace:
+        for suffix in (".bin", ".idx"):
+            Path(f"{prefix}.partial{suffix}").unlink(missing_ok=True)
+        raise

@@ -15,9 +15,10 @@ import torch
 import torch.distributed as dist
 from omegaconf import DictConfig, OmegaConf
 
-from pipeline import checkpoint, data, files, flops, report
+from pipeline import checkpoint, data, distributed, files, flops, report
 from pipeline.config import world_size
 from pipeline.engine import Engine
+from pipeline.errors import NonFinite
 from pipeline.layout import RunLayout
 from pipeline.profiling import StepProfiler
 
@@ -39,10 +40,7 @@ class StopRequest:
         self.received = signum
 
     def agreed(self, device: torch.device) -> bool:
-        flag = torch.tensor([1.0 if self.received else 0.0], device=device)
-        if dist.is_initialized():
-            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-        return bool(flag.item())
+        return distributed.any_rank(self.received is not None, device)
 
 
 @dataclass
@@ -102,10 +100,32 @@ class Trainer(Engine):
         self.optimizer.zero_grad()
         t = self.cfg.train
         total = self.run_schedule(iterators, t.grad_accum, t.micro_batch_size, forward_only=False)
-        updated, grad_norm = self.optimizer.step()
+        loss = float(total[0] / total[1].clamp(min=1))
+        # Never step on a non-finite loss, even with finite gradients; every rank decides
+        # together, or the ranks' optimizers would part ways.
+        if distributed.any_rank(not math.isfinite(loss), self.device):
+            return loss, math.nan, False
+        updated, grad_norm = self.optimizer.step()  # not updated: a non-finite gradient
         if updated:
             self.scheduler.step(1)
-        return float(total[0] / total[1].clamp(min=1)), float(grad_norm), updated
+        return loss, float(grad_norm), updated
+
+    def _skipped_update(self, loss: float, grad_norm: float) -> None:
+        """A step whose update was skipped: stop, or say so, as train.nonfinite asks. Under fp16
+        a finite loss with an overflowing gradient is the loss scaler at work, not a fault."""
+        st, t = self.state, self.cfg.train
+        what = f"step {st.step}: loss {loss:.6g}, grad norm {grad_norm:.6g}"
+        scaler_overflow = t.precision == "fp16" and math.isfinite(loss)
+        if t.nonfinite == "stop" and not scaler_overflow:
+            raise NonFinite(
+                f"{what} is not finite; stopped (train.nonfinite=stop) without saving, the "
+                "earlier checkpoints are kept: lower train.lr or check the data, then rerun"
+            )
+        why = "fp16 loss-scale overflow" if scaler_overflow else "not finite"
+        self._log(
+            f"{what}: {why}, update skipped ({st.skipped_steps} skipped so far, "
+            f"train.nonfinite={t.nonfinite})"
+        )
 
     # --- checkpoints --------------------------------------------------------------------------
 
@@ -123,6 +143,22 @@ class Trainer(Engine):
         now = time.time()
         self.state.wall_seconds += now - self._clock
         self._clock = now
+
+    def _trim_metrics(self) -> None:
+        """Keep the metrics of the steps up to the one this run starts from: a killed run may
+        have logged later steps, which are done again, or died in the middle of a line."""
+        path = self.layout.metrics
+        if not self.is_logger or not path.exists():
+            return
+        kept = []
+        for line in path.read_text().splitlines():
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:
+                continue  # cut short by a kill
+            if record["step"] <= self.state.step:
+                kept.append(line + "\n")
+        files.write_text(path, "".join(kept))
 
     def save(self) -> None:
         self._tick()
@@ -171,6 +207,7 @@ class Trainer(Engine):
         cfg, t = self.cfg, self.cfg.train
         self.layout.train_dir.mkdir(parents=True, exist_ok=True)
         self.resume()
+        self._trim_metrics()
         train_ds, valid_ds = data.train_valid_datasets(cfg, self.manifest)
         iterators = self.iterators(train_ds, self.state.consumed_samples, t.micro_batch_size)
         writer = self._tensorboard()
@@ -190,10 +227,13 @@ class Trainer(Engine):
             profiler.step_ends(st.step)
             st.consumed_samples += t.global_batch_size
             st.tokens += tokens_per_step
-            st.skipped_steps += not updated
-            if st.first_train_loss is None:
-                st.first_train_loss = loss
-            st.last_train_loss = loss
+            if not updated:
+                st.skipped_steps += 1
+                self._skipped_update(loss, grad_norm)
+            if math.isfinite(loss):
+                if st.first_train_loss is None:
+                    st.first_train_loss = loss
+                st.last_train_loss = loss
             window_steps += 1
             if st.step % t.log_interval == 0 or st.step == t.steps:
                 st.train_seconds += window_seconds
@@ -203,6 +243,7 @@ class Trainer(Engine):
                     "loss": loss,
                     "grad_norm": grad_norm,
                     "lr": self.optimizer.param_groups[0]["lr"],
+                    "skipped_steps": st.skipped_steps,
                     **self._throughput(window_steps, window_seconds),
                 }
                 self._record(writer, record)
@@ -237,13 +278,16 @@ class Trainer(Engine):
             from torch.utils.tensorboard import SummaryWriter
         except ImportError:
             return None
-        return SummaryWriter(str(self.layout.tensorboard))
+        # On resume, TensorBoard drops what a killed run logged after the checkpoint.
+        purge = self.state.step + 1 if self.state.step else None
+        return SummaryWriter(str(self.layout.tensorboard), purge_step=purge)
 
     def _finish(self) -> dict:
         self._tick()
         st, t, m = self.state, self.cfg.train, self.cfg.model
         gpus = self.rank.world_size if self.device.type == "cuda" else 0
-        best = checkpoint.best(self.layout.checkpoints)
+        checkpoint.require_finite(self.chunks, st.step)  # never mark diverged weights complete
+        best = checkpoint.best(self.layout.checkpoints, checksums=False)  # evaluation verifies it
         best_record = files.read_json_or_none(self.layout.checkpoints / checkpoint.BEST) or {}
         result = {
             "status": "complete",
@@ -297,7 +341,4 @@ def run(cfg: DictConfig) -> dict:
     trainer = Trainer(cfg)
     if trainer.rank.is_first:
         files.write_text(trainer.layout.train_dir / "config.yaml", OmegaConf.to_yaml(cfg))
-    result = trainer.fit()
-    if not math.isfinite(result.get("last_train_loss") or 0.0):
-        raise RuntimeError(f"training diverged: last loss {result['last_train_loss']}")
-    return result
+    return trainer.fit()

@@ -3,6 +3,9 @@ tokenized run (built-in corpus, real sentencepiece, real megatron-core shards) r
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -34,6 +37,9 @@ SMALL = [
     "train.save_interval=10",
     "train.eval_iters=4",
 ]
+# SMALL with one torch thread, for tests that start several pipelines: at this size a second
+# thread buys nothing, and on a shared 2-core machine it spins against the other work.
+SMALL_SERIAL = [*SMALL, "train.threads=1"]
 
 
 def make_config(workdir: Path | str, *overrides: str, validate: bool = True) -> DictConfig:
@@ -55,12 +61,38 @@ def tokenized(tmp_path_factory) -> DictConfig:
     return cfg
 
 
-@pytest.fixture
-def run_copy(tokenized, tmp_path) -> DictConfig:
-    """The tokenized run's data, linked into a fresh workdir for a test that trains."""
+def copy_tokenized(tokenized: DictConfig, workdir: Path) -> Path:
+    """The tokenized run's corpus, tokenizer and data copied into `workdir`."""
     import shutil
 
     src = Path(tokenized.workdir)
     for name in ("tokenizer", "data", "corpus"):
-        shutil.copytree(src / name, tmp_path / name, symlinks=True)
-    return make_config(tmp_path, *SMALL)
+        shutil.copytree(src / name, workdir / name, symlinks=True)
+    return workdir
+
+
+@pytest.fixture
+def run_copy(tokenized, tmp_path) -> DictConfig:
+    """The tokenized run's data, copied into a fresh workdir for a test that trains."""
+    return make_config(copy_tokenized(tokenized, tmp_path), *SMALL)
+
+
+def cli(*args: str, timeout: float = 600, **kwargs) -> subprocess.CompletedProcess:
+    """`python -m pipeline cluster=local ARGS` from the repository root, output captured."""
+    return subprocess.run(
+        [sys.executable, "-m", "pipeline", "cluster=local", *args],
+        cwd=CONF.parent,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        **kwargs,
+    )
+
+
+def loss_curve(workdir: Path | str) -> dict[int, float]:
+    """Training loss by step from train/metrics.jsonl; every step must appear once."""
+    lines = (Path(workdir) / "train" / "metrics.jsonl").read_text().splitlines()
+    records = [r for r in map(json.loads, lines) if "loss" in r]
+    steps = [r["step"] for r in records]
+    assert len(steps) == len(set(steps)), f"steps logged twice: {steps}"
+    return {r["step"]: r["loss"] for r in records}

@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.conftest import CONF, SMALL
+from tests.conftest import CONF, SMALL, SMALL_SERIAL
 
 ROOT = CONF.parent
 
@@ -122,3 +122,25 @@ def test_a_second_launcher_on_the_same_workdir_refuses_and_names_the_holder(tmp_
     )
     assert "Traceback" not in result.stderr
     assert not (tmp_path / "data").exists()
+
+
+def test_two_launches_racing_on_one_workdir_one_runs_and_the_other_names_it(tmp_path):
+    """Both start at once on a fresh workdir: the lock is taken inside the real launch, and the
+    one that loses names the winner even if it looks while the winner is still writing."""
+    workdir = tmp_path / "run"
+    command = [sys.executable, "-m", "pipeline", "cluster=local", f"workdir={workdir}"]
+    command += SMALL_SERIAL
+    logs = [tmp_path / f"launch{i}.err" for i in range(2)]
+    launches = []
+    for log in logs:
+        with open(log, "w") as err:
+            launches.append(
+                subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=err)
+            )
+    codes = [launch.wait(timeout=600) for launch in launches]
+    assert sorted(codes) == [0, 3], [log.read_text()[-2000:] for log in logs]
+    winner = launches[codes.index(0)]
+    refused = logs[codes.index(3)].read_text()
+    assert refused.count("\n") == 1, refused
+    assert refused.startswith(f"error: workdir {workdir} is in use by pid {winner.pid} on ")
+    assert json.loads((workdir / "summary.json").read_text())["train_steps"] == 20

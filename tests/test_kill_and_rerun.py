@@ -1,0 +1,139 @@
+"""`kill -9` of the whole pipeline at random moments inside each step: rerunning the same
+command on the same workdir finishes, redoes only what was incomplete, and ends with the loss
+curve and test loss of a run that was never interrupted, bit for bit."""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from pipeline import checkpoint, graph
+from pipeline.layout import RunLayout
+from tests.conftest import CONF, SMALL_SERIAL, cli, loss_curve, make_config
+
+STEPS = ("tokenizer", "tokenize", "verify", "index", "train", "evaluate")
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory) -> tuple[Path, dict[str, float]]:
+    """A clean run, and how long each of its steps took."""
+    workdir = tmp_path_factory.mktemp("uninterrupted")
+    started = time.time()
+    result = cli(f"workdir={workdir}", *SMALL_SERIAL)
+    assert result.returncode == 0, result.stderr[-3000:]
+    took = {m[1]: float(m[2]) for m in re.finditer(r"\] (\w+): done in ([.\d]+) s", result.stderr)}
+    took["start"] = time.time() - started  # the whole command
+    took["saved"] = took["train"] / 2  # from the first of two checkpoints
+    return workdir, took
+
+
+def kill_during(workdir: Path, step: str, delay: float) -> None:
+    """Start the pipeline, wait until `step` starts (for "start", the command itself; for
+    "saved", training's first checkpoint), then SIGKILL it `delay` seconds later."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "pipeline", "cluster=local", f"workdir={workdir}", *SMALL_SERIAL],
+        cwd=CONF.parent,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    started = threading.Event()
+    if step == "start":
+        started.set()
+    stage = "train" if step == "saved" else step
+
+    def read() -> None:  # keeps the pipe drained, so the child never blocks on its output
+        for line in proc.stderr:
+            if line.startswith(f"[pipeline] {stage}: running"):
+                started.set()
+        started.set()  # the command ended
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    assert started.wait(timeout=300), f"{step} never started"
+    assert proc.poll() in (None, 0), f"the pipeline failed before {step}"
+    tracker = RunLayout.of(str(workdir)).checkpoints / checkpoint.TRACKER
+    while step == "saved" and not tracker.exists() and proc.poll() is None:
+        time.sleep(0.002)
+    time.sleep(delay)
+    proc.kill()
+    proc.wait()
+    reader.join()
+
+
+def complete_steps(workdir: Path) -> list[str]:
+    cfg = make_config(workdir, *SMALL_SERIAL)
+    return [s.name for s in graph.build(cfg, prepare=False) if s.is_complete(cfg)]
+
+
+CASES = [(step, seed) for seed, step in enumerate(STEPS)] + [("start", 6), ("saved", 7)]
+
+
+@pytest.mark.parametrize("step,seed", CASES, ids=[f"{s}-{n}" for s, n in CASES])
+def test_killed_at_a_random_moment_the_rerun_finishes_as_if_never_killed(
+    uninterrupted, tmp_path, step, seed
+):
+    clean, took = uninterrupted
+    workdir = tmp_path / "run"
+    kill_during(workdir, step, random.Random(seed).uniform(0, took[step]))
+
+    done = complete_steps(workdir)
+    layout = RunLayout.of(str(workdir))
+    shard_markers = {p: p.stat().st_mtime_ns for p in layout.data_dir.glob("*.done.json")}
+    resumable = checkpoint.latest(layout.checkpoints) if layout.checkpoints.exists() else None
+    assert resumable or step != "saved"
+
+    rerun = cli(f"workdir={workdir}", *SMALL_SERIAL)
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    if done:
+        assert f"already complete: {', '.join(done)}\n" in rerun.stderr
+    for name in STEPS:
+        assert (f"[pipeline] {name}: running" in rerun.stderr) == (name not in done), name
+    assert all(p.stat().st_mtime_ns == t for p, t in shard_markers.items()), "shard redone"
+    if resumable and "train" not in done:
+        assert f"resumed from {resumable} at step" in rerun.stderr
+
+    assert loss_curve(workdir) == loss_curve(clean)
+    summary, reference = (json.loads((w / "summary.json").read_text()) for w in (workdir, clean))
+    assert summary["test_loss"] == reference["test_loss"]
+    assert layout.report.exists()
+
+
+def test_sigterm_in_training_saves_stops_the_chain_and_the_rerun_resumes(uninterrupted, tmp_path):
+    """SIGTERM (preemption, or a user's kill) is not a crash: training saves at the next step
+    and stops; run locally, evaluation must not run on the half-trained model."""
+    clean, _ = uninterrupted
+    workdir = tmp_path / "run"
+    with open(tmp_path / "stderr", "w+") as stderr:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "pipeline", "cluster=local", f"workdir={workdir}"]
+            + SMALL_SERIAL,
+            cwd=CONF.parent,
+            stdout=subprocess.DEVNULL,
+            stderr=stderr,
+        )
+        metrics = RunLayout.of(str(workdir)).metrics  # first written at step 5 of 20
+        while not metrics.exists() and proc.poll() is None:
+            time.sleep(0.002)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=300) == 1
+        stderr.seek(0)
+        log = stderr.read()
+    stopped = re.search(r"error: train: stopped by a signal at step (\d+) after saving; rerun", log)
+    assert stopped and log.endswith("rerun the same command to resume\n"), log[-2000:]
+    assert "evaluate: running" not in log
+    step = int(stopped[1])
+    rerun = cli(f"workdir={workdir}", *SMALL_SERIAL)
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    folder = RunLayout.of(str(workdir)).checkpoints / checkpoint.folder_name(step)
+    assert f"resumed from {folder} at step {step}" in rerun.stderr
+    assert loss_curve(workdir) == loss_curve(clean)

@@ -1,0 +1,107 @@
+"""No space left, for real: a file-size limit (RLIMIT_FSIZE, with SIGXFSZ ignored so writes fail
+with EFBIG as on a full disk) on the pipeline's own process. The run stops with one line
+naming what it was writing, earlier complete outputs are untouched, and the same command
+finishes once the limit is lifted."""
+
+from __future__ import annotations
+
+import resource
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from pipeline import checkpoint, files
+from pipeline.layout import RunLayout
+from tests.conftest import CONF, SMALL_SERIAL, cli, copy_tokenized
+
+
+def ignore_sigxfsz() -> None:
+    """In the child: a write past the limit fails with EFBIG instead of killing the process."""
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+
+
+def limit_file_size(limit: int):
+    def preexec() -> None:
+        ignore_sigxfsz()
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, resource.RLIM_INFINITY))
+
+    return preexec
+
+
+def error_line(stderr: str) -> str:
+    assert "Traceback" not in stderr, stderr[-3000:]
+    return stderr.strip().splitlines()[-1]
+
+
+def snapshot(folder: Path) -> dict[str, str]:
+    return {str(p.relative_to(folder)): files.sha256(p) for p in folder.rglob("*") if p.is_file()}
+
+
+def test_disk_full_during_a_checkpoint_save_keeps_the_earlier_ones(tokenized, tmp_path):
+    workdir = copy_tokenized(tokenized, tmp_path / "run")
+    data_before = snapshot(workdir / "data")
+    command = [f"workdir={workdir}", *SMALL_SERIAL, "stages=[train]", "train.steps=100"]
+    root = RunLayout.of(str(workdir)).checkpoints
+    with open(tmp_path / "stderr", "w+") as stderr:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "pipeline", "cluster=local", *command],
+            cwd=CONF.parent,
+            stdout=subprocess.DEVNULL,
+            stderr=stderr,
+            preexec_fn=ignore_sigxfsz,
+        )
+        deadline = time.time() + 300
+        while proc.poll() is None and not (root / checkpoint.TRACKER).exists():
+            assert time.time() < deadline
+            time.sleep(0.005)
+        # The disk fills up: no file may grow past 1 MB (optimizer.pt needs more).
+        resource.prlimit(proc.pid, resource.RLIMIT_FSIZE, (1_000_000, resource.RLIM_INFINITY))
+        assert proc.wait(timeout=300) == 1
+        stderr.seek(0)
+        line = error_line(stderr.read())
+    assert line.startswith("error: no space left writing checkpoint "), line
+    assert "File too large (EFBIG); free space" in line
+    kept = root / (root / checkpoint.TRACKER).read_text().strip()
+    assert checkpoint.is_valid(kept)
+    assert not list(root.glob("iter_*.partial")), "the failed save's files are removed"
+    assert all(checkpoint.is_valid(p) for p in root.glob("iter_*"))
+    assert snapshot(workdir / "data") == data_before
+
+    rerun = cli(*command)
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    assert f"resumed from {kept} at step" in rerun.stderr
+    assert files.read_json(workdir / "train" / "DONE.json")["train_steps"] == 100
+
+
+def test_disk_full_during_a_shard_write_then_the_rerun_completes(tokenized, tmp_path):
+    workdir = tmp_path / "run"
+    tokenizer_model = RunLayout.of(tokenized.workdir).tokenizer_model
+    corpus = RunLayout.of(tokenized.workdir).corpus_dir / "builtin.jsonl"
+    command = [
+        f"workdir={workdir}",
+        "stages=[tokenize]",
+        f"data.inputs=[{corpus}]",
+        "data.num_shards=2",
+        f"tokenizer.model={tokenizer_model}",
+    ]
+    full = cli(*command, preexec_fn=limit_file_size(100_000))  # a shard is ~300 kB
+    assert full.returncode == 1
+    line = error_line(full.stderr)
+    prefix = RunLayout.of(str(workdir)).shard_prefix(0)
+    assert line.startswith(f"error: no space left writing shard 0 ({prefix}): File too large")
+    assert not list(workdir.glob("data/*.partial.*")), "partial shard files are removed"
+    tokenizer_before = snapshot(workdir / "tokenizer")
+
+    rerun = cli(*command)
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    assert "already complete: tokenizer" in rerun.stderr
+    assert snapshot(workdir / "tokenizer") == tokenizer_before
+    for index in range(2):  # the same bytes as a run that never ran out of space
+        ours = files.read_json(f"{RunLayout.of(str(workdir)).shard_prefix(index)}.done.json")
+        reference = files.read_json(
+            f"{RunLayout.of(tokenized.workdir).shard_prefix(index)}.done.json"
+        )
+        assert ours["bin_sha256"] == reference["bin_sha256"]
+        assert ours["idx_sha256"] == reference["idx_sha256"]

@@ -1,0 +1,155 @@
+"""NaN and inf injected for real into the real model while it trains: the step's update is
+skipped and counted, or training stops, as train.nonfinite says; no checkpoint with non-finite
+weights is ever written."""
+
+from __future__ import annotations
+
+import math
+import re
+
+import pytest
+import torch
+
+from pipeline import checkpoint, train
+from pipeline.errors import NonFinite
+from pipeline.layout import RunLayout
+from tests.conftest import SMALL_SERIAL, cli, copy_tokenized
+
+
+def poison_loss(trainer: train.Trainer, step: int) -> None:
+    """Multiply the model's output (the per-token loss) by NaN during training step `step`."""
+
+    def hook(module, inputs, output):
+        if module.training and trainer.state.step == step - 1:
+            return output * math.nan
+        return None
+
+    trainer.chunks[0].register_forward_hook(hook)
+
+
+def poison_gradient(trainer: train.Trainer, step: int) -> None:
+    """Make the output layer's gradient infinite during training step `step`; the loss stays
+    finite."""
+    weight = trainer.chunks[0].output_layer.weight
+
+    def hook(grad):
+        return torch.full_like(grad, math.inf) if trainer.state.step == step - 1 else None
+
+    weight.register_hook(hook)
+
+
+def weights_entering_each_step(trainer: train.Trainer) -> dict[int, list[torch.Tensor]]:
+    """A copy of the weights as each training step begins, by step number."""
+    seen: dict[int, list[torch.Tensor]] = {}
+
+    def hook(module, inputs):
+        step = trainer.state.step + 1
+        if module.training and step not in seen:
+            seen[step] = [p.detach().clone() for p in module.parameters()]
+
+    trainer.chunks[0].register_forward_pre_hook(hook)
+    return seen
+
+
+def saved_weights_are_finite(root) -> bool:
+    folders = sorted(root.glob("iter_*"))
+    assert folders, "no checkpoint was saved"
+    for folder in folders:
+        for state in torch.load(folder / "model.pt", weights_only=False):
+            if not all(torch.isfinite(v).all() for v in state.values() if torch.is_tensor(v)):
+                return False
+    return True
+
+
+def test_a_nan_loss_skips_that_update_and_training_goes_on(run_copy, capfd):
+    trainer = train.Trainer(run_copy)
+    poison_loss(trainer, step=7)
+    weights = weights_entering_each_step(trainer)
+    result = trainer.fit()
+    log = capfd.readouterr().err
+    assert "step 7: loss nan, grad norm nan: not finite, update skipped (1 skipped so far" in log
+    assert result["status"] == "complete" and result["train_steps"] == 20
+    assert result["skipped_steps"] == 1
+    assert math.isfinite(result["last_train_loss"])
+    assert all(torch.equal(a, b) for a, b in zip(weights[7], weights[8], strict=True))
+    assert not all(torch.equal(a, b) for a, b in zip(weights[8], weights[9], strict=True))
+    assert saved_weights_are_finite(RunLayout.of(run_copy.workdir).checkpoints)
+
+
+def test_an_infinite_gradient_with_a_finite_loss_skips_that_update(run_copy, capfd):
+    trainer = train.Trainer(run_copy)
+    poison_gradient(trainer, step=5)
+    weights = weights_entering_each_step(trainer)
+    result = trainer.fit()
+    log = capfd.readouterr().err
+    line = next(x for x in log.splitlines() if x.startswith("step 5: loss"))
+    assert "grad norm inf: not finite, update skipped (1 skipped so far" in line
+    assert math.isfinite(float(line.split()[3].rstrip(",")))  # the loss itself was finite
+    assert result["skipped_steps"] == 1 and result["train_steps"] == 20
+    assert all(torch.equal(a, b) for a, b in zip(weights[5], weights[6], strict=True))
+    assert saved_weights_are_finite(RunLayout.of(run_copy.workdir).checkpoints)
+
+
+def test_stop_policy_stops_at_the_step_and_saves_nothing_after_it(run_copy):
+    run_copy.train.nonfinite = "stop"
+    trainer = train.Trainer(run_copy)
+    poison_loss(trainer, step=13)
+    with pytest.raises(NonFinite, match=r"^step 13: loss nan, grad norm nan is not finite; stop"):
+        trainer.fit()
+    layout = RunLayout.of(run_copy.workdir)
+    assert [p.name for p in layout.checkpoints.glob("iter_*")] == [checkpoint.folder_name(10)]
+    assert saved_weights_are_finite(layout.checkpoints)
+    assert not layout.train_done.exists()
+
+
+def test_a_learning_rate_that_overflows_stops_with_the_step_and_value(run_copy):
+    run_copy.train.nonfinite = "stop"
+    run_copy.train.lr = 1e38  # finite, but the second update sends weights near 1e38
+    stopped = r"^step \d+: loss \S+, grad norm (nan|inf) is not finite; stopped"
+    with pytest.raises(NonFinite, match=stopped):
+        train.run(run_copy)
+    root = RunLayout.of(run_copy.workdir).checkpoints
+    assert not list(root.glob("iter_*")), "stopped before the first save"
+
+
+def test_weights_that_are_not_finite_are_never_saved(run_copy):
+    """A weight the loss never sees (the embedding row of the unknown token, which byte
+    fallback never produces) goes infinite: training carries on, the save refuses."""
+    trainer = train.Trainer(run_copy)
+    embedding = trainer.chunks[0].embedding.word_embeddings.weight
+
+    def hook(module, inputs):
+        if trainer.state.step == 15:
+            with torch.no_grad():
+                embedding[0, 0] = math.inf
+
+    trainer.chunks[0].register_forward_pre_hook(hook)
+    with pytest.raises(NonFinite, match=r"^step 20: the weights are not finite \(embedding\."):
+        trainer.fit()
+    layout = RunLayout.of(run_copy.workdir)
+    assert [p.name for p in layout.checkpoints.glob("iter_*")] == [checkpoint.folder_name(10)]
+    assert saved_weights_are_finite(layout.checkpoints)
+    assert (layout.checkpoints / checkpoint.TRACKER).read_text().strip() == "iter_0000010"
+    assert not layout.train_done.exists()
+
+
+def test_two_ranks_agree_and_stop_at_the_same_step_in_one_line(tokenized, tmp_path):
+    """Two gloo ranks in their own processes: both stop at the same step (one alone would
+    leave the other waiting in a collective), and the launcher says so in one line."""
+    workdir = copy_tokenized(tokenized, tmp_path / "run")
+    result = cli(
+        f"workdir={workdir}",
+        *SMALL_SERIAL,
+        "stages=[train]",
+        "train.lr=1e38",
+        "train.nonfinite=stop",
+        "cluster.executor=subprocess",
+        "cluster.tasks_per_node=2",
+    )
+    assert result.returncode == 1
+    assert "Traceback" not in result.stderr
+    last = result.stderr.strip().splitlines()[-1]
+    assert re.match(r"error: train failed: \S*NonFinite: step \d+: loss \S+, grad norm nan", last)
+    logs = sorted((workdir / "logs" / "jobs" / "train").glob("*/*_log.err"))
+    stops = [re.findall(r"NonFinite: (step \d+)", log.read_text())[-1:] for log in logs]
+    assert len(stops) == 2 and stops[0] == stops[1] and stops[0][0] in last, stops
