@@ -41,14 +41,15 @@ class DistributedTask:
         export_distributed_env()
         share_cpu_threads()
         result = self.fn(self.cfg)
-        if isinstance(result, dict) and result.get("status") == "interrupted":
+        if isinstance(result, dict) and result.get("requeue"):
             requeue(self.cfg)
         return result
 
 
 def requeue(cfg: DictConfig) -> None:
-    """The stage saved and stopped on a signal: put the job back in the queue (once, from the
-    first rank), up to train.max_requeues times. Slurm restarts it under the same job id."""
+    """The stage saved and stopped before its time limit: put the job back in the queue (once,
+    from the first rank), up to train.max_requeues times. Slurm restarts it under the same job
+    id. Never after SIGTERM: a cancelled job must stay cancelled."""
     import submitit
 
     env = submitit.JobEnvironment()

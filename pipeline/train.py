@@ -25,22 +25,30 @@ from pipeline.profiling import StepProfiler
 
 class StopRequest:
     """A warning signal before the time limit (SIGUSR1 or SIGUSR2, as the job asked Slurm for)
-    or SIGTERM (preemption) asks the run to save and exit; every rank acts on it at the same
-    step boundary, once any rank has it. The handler only sets a flag, so it replaces the
-    launcher's own handlers (which would exit mid-step)."""
+    or SIGTERM (scancel, preemption) asks the run to save and exit; every rank acts on it at
+    the same step boundary, once any rank has it. The handler only sets a flag, so it replaces
+    the launcher's own handlers (which would exit mid-step)."""
 
-    SIGNALS = (signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM)
+    WARNINGS = (signal.SIGUSR1, signal.SIGUSR2)
+    SIGNALS = (*WARNINGS, signal.SIGTERM)
 
     def __init__(self) -> None:
-        self.received: int | None = None
+        self.received: set[int] = set()
         for sig in self.SIGNALS:
             signal.signal(sig, self._handle)
 
     def _handle(self, signum, frame) -> None:
-        self.received = signum
+        self.received.add(signum)
 
     def agreed(self, device: torch.device) -> bool:
-        return distributed.any_rank(self.received is not None, device)
+        return distributed.any_rank(bool(self.received), device)
+
+    def continues(self, device: torch.device) -> bool:
+        """Whether the run should come back by itself: a time-limit warning, and no SIGTERM, on
+        any rank. SIGTERM is someone's scancel, which must stick, or preemption, after which
+        Slurm requeues the job itself."""
+        warned = distributed.any_rank(bool(self.received & set(self.WARNINGS)), device)
+        return warned and not distributed.any_rank(signal.SIGTERM in self.received, device)
 
 
 @dataclass
@@ -265,8 +273,13 @@ class Trainer(Engine):
             if due_save or stopping:
                 self.save()
             if stopping:
-                self._log(f"signal {stop.received}: saved step {st.step}, exiting for requeue")
-                return {"status": "interrupted", "step": st.step}
+                requeue = stop.continues(self.device)
+                signals = ", ".join(signal.Signals(s).name for s in sorted(stop.received))
+                leaving = "exiting for requeue" if requeue else "exiting"
+                self._log(
+                    f"{signals or 'a signal on another rank'}: saved step {st.step}, {leaving}"
+                )
+                return {"status": "interrupted", "step": st.step, "requeue": requeue}
         if writer is not None:
             writer.close()
         return self._finish()
