@@ -43,15 +43,26 @@ def _listing(folder: Path) -> dict[str, int]:
     }
 
 
-def _checksums(folder: Path, names: list[str]) -> dict[str, str]:
-    """sha256 of each file, a few at a time (hashlib releases the GIL on large reads)."""
+def _checksums(folder: Path, names: list[str], collective: bool = False) -> dict[str, str]:
+    """sha256 of each file, a few at a time (hashlib releases the GIL on large reads). With
+    `collective` every rank of the job calls it and hashes its own share of the files, so a
+    checkpoint of many ranks is read once, in parallel, not once by rank 0 alone."""
+    share = names
+    if collective and dist.is_initialized():
+        share = names[dist.get_rank() :: dist.get_world_size()]
     with ThreadPoolExecutor(8) as pool:
-        return dict(zip(names, pool.map(lambda n: files.sha256(folder / n), names), strict=True))
+        mine = dict(zip(share, pool.map(lambda n: files.sha256(folder / n), share), strict=True))
+    if share is names:
+        return mine
+    shares: list[dict[str, str]] = [{} for _ in range(dist.get_world_size())]
+    dist.all_gather_object(shares, mine)
+    return {name: digest for part in shares for name, digest in part.items()}
 
 
-def problem(folder: Path, checksums: bool = True) -> str | None:
+def problem(folder: Path, checksums: bool = True, collective: bool = False) -> str | None:
     """Why `folder` is not a loadable checkpoint, or None if it is: COMPLETE.json is there and
-    every file it lists has its recorded size and (with `checksums`) its recorded sha256."""
+    every file it lists has its recorded size and (with `checksums`) its recorded sha256.
+    `collective`: every rank calls it for the same folder (see _checksums)."""
     try:
         complete = files.read_json_or_none(folder / "COMPLETE.json")
     except ValueError:
@@ -65,7 +76,7 @@ def problem(folder: Path, checksums: bool = True) -> str | None:
         if listing[name] != size:
             return f"{name} has {listing[name]} bytes, {size} when saved"
     recorded = complete.get("sha256", {}) if checksums else {}  # older saves recorded sizes only
-    for name, digest in _checksums(folder, sorted(recorded)).items():
+    for name, digest in _checksums(folder, sorted(recorded), collective).items():
         if digest != recorded[name]:
             return f"{name} does not match its sha256 when saved"
     return None
@@ -126,15 +137,17 @@ def _write(partial: Path, step: int, state: dict, backend, chunks, optimizer) ->
     backend.save(partial, chunks, optimizer)
     with open(partial / f"rng_rank{_rank():05d}.pt", "wb") as f:  # a file: errors keep errno
         torch.save(rng_state(), f)
-    _barrier()
     if _rank() == 0:
         files.write_json(partial / "state.json", state)
+    _barrier()
+    sizes = _listing(partial)
+    digests = _checksums(partial, sorted(sizes), collective=True)
+    if _rank() == 0:
         for path in partial.rglob("*"):
             if path.is_file():
                 with open(path, "rb") as f:
                     os.fsync(f.fileno())
-        sizes = _listing(partial)
-        complete = {"step": step, "files": sizes, "sha256": _checksums(partial, sorted(sizes))}
+        complete = {"step": step, "files": sizes, "sha256": digests}
         files.write_json(partial / "COMPLETE.json", complete)
 
 
@@ -182,7 +195,7 @@ def _update_best(root: Path, folder: Path, state: dict) -> None:
 def _discard(folder: Path, workdir: Path) -> None:
     """Delete a checkpoint folder: renamed first, so a kill midway leaves no half-deleted
     folder under a checkpoint's name. Links, and folders outside the run, are left alone."""
-    if folder.is_symlink() or not folder.resolve().is_relative_to(workdir.resolve()):
+    if not files.owned_folder(folder, workdir):
         warnings.warn(f"not deleting {folder}: it leads outside {workdir}", stacklevel=2)
         return
     doomed = folder.with_name(folder.name + ".deleting")
@@ -190,7 +203,8 @@ def _discard(folder: Path, workdir: Path) -> None:
     files.remove_tree(doomed, workdir)
 
 
-def _finished(root: Path) -> list[Path]:
+def finished(root: Path) -> list[Path]:
+    """The checkpoint folders under `root` by step, without .partial and .deleting ones."""
     return sorted(p for p in root.glob("iter_*") if NAME.fullmatch(p.name))
 
 
@@ -198,19 +212,20 @@ def _apply_retention(root: Path, keep_last: int) -> None:
     workdir = root.parent
     best = files.read_json_or_none(root / BEST)
     keep = {best["name"]} if best else set()
-    finished = _finished(root)
-    keep.update(p.name for p in finished[-keep_last:])
-    for path in finished:
+    done = finished(root)
+    keep.update(p.name for p in done[-keep_last:])
+    for path in done:
         if path.name not in keep:
             _discard(path, workdir)
     for path in root.glob("iter_*.*"):  # left by saves or deletions that were killed
         files.remove_tree(path, workdir)
 
 
-def latest(root: Path, checksums: bool = True) -> Path | None:
-    """The newest valid checkpoint; damaged or incomplete ones are skipped with a warning."""
-    for folder in reversed(_finished(root)):
-        reason = problem(folder, checksums)
+def latest(root: Path, checksums: bool = True, collective: bool = False) -> Path | None:
+    """The newest valid checkpoint; damaged or incomplete ones are skipped with a warning.
+    `collective`: every rank calls it and shares the reading (see _checksums)."""
+    for folder in reversed(finished(root)):
+        reason = problem(folder, checksums, collective)
         if reason is None:
             return folder
         warnings.warn(

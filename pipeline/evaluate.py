@@ -21,10 +21,11 @@ from pipeline.layout import RunLayout
 def resolve_checkpoint(cfg: DictConfig) -> Path:
     root = RunLayout.of(cfg.workdir).checkpoints
     choice = str(cfg.eval.checkpoint)
-    folder = {"best": checkpoint.best, "latest": checkpoint.latest}.get(
-        choice, lambda _: Path(choice)
-    )(root)
-    if folder is None or not checkpoint.is_valid(folder):
+    if choice in ("best", "latest"):  # each returns a verified checkpoint, or None
+        folder = {"best": checkpoint.best, "latest": checkpoint.latest}[choice](root)
+    else:
+        folder = Path(choice) if checkpoint.is_valid(Path(choice)) else None
+    if folder is None:
         raise FileNotFoundError(f"eval.checkpoint={choice}: no valid checkpoint under {root}")
     return folder.resolve()
 
@@ -87,11 +88,11 @@ def _every_checkpoint(
     """Test loss of each valid checkpoint kept by retention, by step (the engine ends up holding
     the last one's weights)."""
     rows = []
-    for folder in sorted(RunLayout.of(cfg.workdir).checkpoints.glob("iter_*")):
-        if folder.name.endswith(".partial") or not checkpoint.is_valid(folder):
-            continue
-        if folder.resolve() == best:
+    for folder in checkpoint.finished(RunLayout.of(cfg.workdir).checkpoints):
+        if folder.resolve() == best:  # verified when it was chosen
             result = best_result
+        elif not checkpoint.is_valid(folder):
+            continue
         else:
             checkpoint.load(folder, engine.backend, engine.chunks, None)
             result = _measure(engine, test, cfg)

@@ -122,11 +122,16 @@ def reporting_space(what: str) -> Iterator[None]:
         raise OutOfSpace(out_of_space_message(cause, what)) from e
 
 
-def remove_tree(path: Path, boundary: Path) -> bool:
-    """Delete the folder `path` only if it is a real folder (not a link) whose real location is
-    inside `boundary`: cleanup never reaches outside the run folder. Returns whether it did."""
+def owned_folder(path: Path, boundary: Path) -> bool:
+    """`path` is a real folder (not a link) whose real location is inside `boundary`: the only
+    kind that cleanup may delete, so it never reaches outside the run folder."""
     inside = path.resolve().is_relative_to(boundary.resolve())
-    if path.is_symlink() or not path.is_dir() or not inside:
+    return path.is_dir() and not path.is_symlink() and inside
+
+
+def remove_tree(path: Path, boundary: Path) -> bool:
+    """Delete the folder `path` if it is an owned_folder of `boundary`; returns whether it did."""
+    if not owned_folder(path, boundary):
         return False
     shutil.rmtree(path)
     return True

@@ -582,7 +582,8 @@ def _check_time_limit(cfg: DictConfig, vocab_size: int) -> None:
     if cfg.cluster.executor != "slurm":
         return
     t, c = cfg.train, cfg.cluster
-    save_s = checkpoint_bytes(cfg, vocab_size) / (c.checkpoint_write_gbps * 1e9)
+    # written once, then read back once for its checksums (COMPLETE.json), at about that rate
+    save_s = 2 * checkpoint_bytes(cfg, vocab_size) / (c.checkpoint_write_gbps * 1e9)
     step_s = expected_step(cfg, vocab_size, Layout.of(cfg))["step_s"] if on_gpu(cfg) else 0.0
     need = save_s + step_s + SAVE_MARGIN_S
     if t.exit_signal_lead_s < need:

@@ -108,10 +108,10 @@ class Trainer(Engine):
         self.optimizer.zero_grad()
         t = self.cfg.train
         total = self.run_schedule(iterators, t.grad_accum, t.micro_batch_size, forward_only=False)
+        # The loss summed over the whole job (run_schedule all-reduces it), so every rank sees
+        # the same value: never step on a non-finite one, even with finite gradients.
         loss = float(total[0] / total[1].clamp(min=1))
-        # Never step on a non-finite loss, even with finite gradients; every rank decides
-        # together, or the ranks' optimizers would part ways.
-        if distributed.any_rank(not math.isfinite(loss), self.device):
+        if not math.isfinite(loss):
             return loss, math.nan, False
         updated, grad_norm = self.optimizer.step()  # not updated: a non-finite gradient
         if updated:
@@ -138,7 +138,7 @@ class Trainer(Engine):
     # --- checkpoints --------------------------------------------------------------------------
 
     def resume(self) -> None:
-        folder = checkpoint.latest(self.layout.checkpoints)
+        folder = checkpoint.latest(self.layout.checkpoints, collective=True)
         if folder is None:
             return
         saved = checkpoint.load(folder, self.backend, self.chunks, self.optimizer)
