@@ -47,12 +47,11 @@ def _checksums(folder: Path, names: list[str], collective: bool = False) -> dict
     """sha256 of each file, a few at a time (hashlib releases the GIL on large reads). With
     `collective` every rank of the job calls it and hashes its own share of the files, so a
     checkpoint of many ranks is read once, in parallel, not once by rank 0 alone."""
-    share = names
-    if collective and dist.is_initialized():
-        share = names[dist.get_rank() :: dist.get_world_size()]
+    shared = collective and dist.is_initialized() and dist.get_world_size() > 1
+    share = names[dist.get_rank() :: dist.get_world_size()] if shared else names
     with ThreadPoolExecutor(8) as pool:
         mine = dict(zip(share, pool.map(lambda n: files.sha256(folder / n), share), strict=True))
-    if share is names:
+    if not shared:
         return mine
     shares: list[dict[str, str]] = [{} for _ in range(dist.get_world_size())]
     dist.all_gather_object(shares, mine)
