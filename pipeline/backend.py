@@ -17,13 +17,17 @@ import torch.nn.functional as F
 from omegaconf import DictConfig
 from torch.overrides import TorchFunctionMode
 
+from pipeline import dist_checkpoint
+from pipeline.cpu_host import cuda_calls_on_cpu
+
 
 class Backend(Protocol):
     name: str
     device: torch.device
+    reshards_optimizer: bool  # resumes under another tensor/pipeline layout
 
     def transformer_options(self, cfg: DictConfig) -> dict[str, Any]: ...
-    def layer_spec(self, cfg: DictConfig) -> Any: ...
+    def layer_spec(self, cfg: DictConfig, config: Any, vp_stage: int | None) -> Any: ...
     def adapt_model(self, model: torch.nn.Module) -> torch.nn.Module: ...
     def wrap(self, chunks: list[torch.nn.Module], cfg: DictConfig) -> list[torch.nn.Module]: ...
     def optimizer(self, chunks: list[torch.nn.Module], cfg: DictConfig) -> Any: ...
@@ -128,9 +132,10 @@ class _CudaAllocationsOnCpu(TorchFunctionMode):
 
 
 class DataParallelAdamW:
-    """torch AdamW over data-parallel replicas: averages gradients across the data-parallel
-    group (gloo), clips them, and skips a step whose gradient is not finite. Same contract as
-    megatron-core's optimizers: step() -> (updated, grad_norm)."""
+    """torch AdamW over this rank's shard of the model: averages gradients across the
+    data-parallel group (gloo), clips them by the whole model's norm, and skips a step whose
+    gradient is not finite. Same contract as megatron-core's optimizers: step() -> (updated,
+    grad_norm)."""
 
     def __init__(self, chunks: list[torch.nn.Module], cfg: DictConfig):
         from megatron.core import parallel_state
@@ -149,6 +154,8 @@ class DataParallelAdamW:
         self.clip = t.clip_grad
         self.dp_group = parallel_state.get_data_parallel_group()
         self.dp_size = parallel_state.get_data_parallel_world_size()
+        self.mp_group = parallel_state.get_model_parallel_group()
+        self.mp_size = torch.distributed.get_world_size(self.mp_group)
 
     @property
     def param_groups(self) -> list[dict]:
@@ -164,16 +171,28 @@ class DataParallelAdamW:
             flat = torch.cat([g.reshape(-1) for g in grads])
             torch.distributed.all_reduce(flat, group=self.dp_group)
             flat /= self.dp_size
-            for p, g in zip(self.params, flat.split([g.numel() for g in grads]), strict=True):
-                p.grad = g.view_as(p)
-        else:
-            for p, g in zip(self.params, grads, strict=True):
-                p.grad = g
-        norm = float(torch.nn.utils.clip_grad_norm_(self.params, self.clip or math.inf))
+            grads = list(flat.split([g.numel() for g in grads]))
+        for p, g in zip(self.params, grads, strict=True):
+            p.grad = g.view_as(p)
+        norm = self._grad_norm()
         if not math.isfinite(norm):
             return False, norm
+        if self.clip:
+            torch.nn.utils.clip_grads_with_norm_(self.params, self.clip, torch.tensor(norm))
         self.optimizer.step()
         return True, norm
+
+    def _grad_norm(self) -> float:
+        """The norm of the whole model's gradient: each tensor-parallel shard once, a weight
+        copied on every tensor-parallel rank (norms, biases) once, all pipeline stages."""
+        from megatron.core.tensor_parallel import param_is_not_tensor_parallel_duplicate
+
+        own = [p.grad for p in self.params if param_is_not_tensor_parallel_duplicate(p)]
+        zero = torch.zeros((), dtype=torch.float64)
+        squared = torch.nn.utils.get_total_norm(own).double() ** 2 if own else zero
+        if self.mp_size > 1:
+            torch.distributed.all_reduce(squared, group=self.mp_group)
+        return float(squared.sqrt())
 
     def state_dict(self) -> dict:
         return self.optimizer.state_dict()
@@ -192,10 +211,14 @@ def _save(obj: Any, path: Path) -> None:
 class CpuBackend:
     name = "cpu"
     device = torch.device("cpu")
+    reshards_optimizer = False  # torch AdamW state belongs to this rank's shard of the model
 
     def transformer_options(self, cfg: DictConfig) -> dict[str, Any]:
         if cfg.train.precision != "fp32":
             raise ValueError(f"train.precision={cfg.train.precision} needs a GPU; use fp32 on CPU")
+        if cfg.parallel.pipeline > 1 and not cfg.model.untie_embeddings:
+            # megatron-core moves the output layer's copy of a tied embedding to CUDA
+            raise ValueError("parallel.pipeline>1 on CPU needs model.untie_embeddings=true")
         return dict(
             use_cpu_initialization=True,
             perform_initialization=True,
@@ -208,12 +231,22 @@ class CpuBackend:
             cross_entropy_loss_fusion=False,
         )
 
-    def layer_spec(self, cfg: DictConfig):
+    def layer_spec(self, cfg: DictConfig, config, vp_stage: int | None):
         from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+        from megatron.core.transformer.torch_norm import WrappedTorchNorm
+        from megatron.core.transformer.transformer_block import (
+            TransformerBlockSubmodules,
+            get_num_layers_to_build,
+        )
 
-        spec = get_gpt_layer_local_spec(normalization=cfg.model.normalization)
-        spec.submodules.self_attention.submodules.core_attention = SDPAttention
-        return spec
+        layer = get_gpt_layer_local_spec(normalization=cfg.model.normalization)
+        layer.submodules.self_attention.submodules.core_attention = SDPAttention
+        # the final norm too: given a layer spec, megatron-core takes Transformer Engine's
+        # whenever TE is importable (as on a GPU host running a CPU job), and TE's needs CUDA
+        return TransformerBlockSubmodules(
+            layer_specs=[layer] * get_num_layers_to_build(config, vp_stage=vp_stage),
+            layer_norm=WrappedTorchNorm,
+        )
 
     def adapt_model(self, model: torch.nn.Module) -> torch.nn.Module:
         rotary = getattr(model, "rotary_pos_emb", None)
@@ -222,28 +255,35 @@ class CpuBackend:
         return model
 
     def wrap(self, chunks: list[torch.nn.Module], cfg: DictConfig) -> list[torch.nn.Module]:
-        if cfg.parallel.tensor * cfg.parallel.pipeline > 1:
-            raise ValueError("parallel.tensor and parallel.pipeline need GPUs; use 1 on CPU")
         return chunks  # gradients are averaged by the optimizer
 
     def optimizer(self, chunks: list[torch.nn.Module], cfg: DictConfig) -> DataParallelAdamW:
         return DataParallelAdamW(chunks, cfg)
 
     def schedule_context(self) -> contextlib.AbstractContextManager:
-        return _CudaAllocationsOnCpu()
+        stack = contextlib.ExitStack()
+        stack.enter_context(_CudaAllocationsOnCpu())
+        stack.enter_context(cuda_calls_on_cpu())  # pipeline stages send and receive over gloo
+        return stack
 
     def save(self, folder: Path, chunks: list[torch.nn.Module], optimizer: Any) -> None:
-        if torch.distributed.is_initialized() and torch.distributed.get_rank() != 0:
-            return  # data-parallel replicas hold the same weights and optimizer state
-        _save([c.state_dict() for c in chunks], folder / "model.pt")
-        if optimizer is not None:
-            _save(optimizer.state_dict(), folder / "optimizer.pt")
+        from megatron.core import parallel_state
+
+        dist_checkpoint.save(folder, dist_checkpoint.model_state(chunks))
+        if optimizer is not None and parallel_state.get_data_parallel_rank() == 0:
+            # data-parallel replicas hold the same optimizer state: one file per model shard
+            _save(optimizer.state_dict(), folder / _optimizer_file())
 
     def load(self, folder: Path, chunks: list[torch.nn.Module], optimizer: Any | None) -> None:
-        states = torch.load(folder / "model.pt", map_location="cpu", weights_only=False)
-        for chunk, state in zip(chunks, states, strict=True):
-            chunk.load_state_dict(state)
+        dist_checkpoint.load_weights(folder, chunks)
         if optimizer is not None:
-            optimizer.load_state_dict(
-                torch.load(folder / "optimizer.pt", map_location="cpu", weights_only=False)
-            )
+            state = torch.load(folder / _optimizer_file(), map_location="cpu", weights_only=False)
+            optimizer.load_state_dict(state)
+
+
+def _optimizer_file() -> str:
+    """This rank's optimizer file, named by its tensor- and pipeline-parallel rank."""
+    from megatron.core import parallel_state as ps
+
+    tp, pp = ps.get_tensor_model_parallel_rank(), ps.get_pipeline_model_parallel_rank()
+    return f"optimizer_tp{tp:02d}_pp{pp:02d}.pt"

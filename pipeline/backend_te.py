@@ -11,6 +11,8 @@ from typing import Any
 import torch
 from omegaconf import DictConfig
 
+from pipeline import dist_checkpoint
+
 # Two fp8 recipes users ask for by name: delayed scaling (amax history) and per-tensor current
 # scaling ("tensorwise").
 FP8_RECIPES = {"delayed": "delayed", "tensorwise": "tensorwise"}
@@ -39,6 +41,7 @@ def _require_fp8() -> None:
 
 class TransformerEngineBackend:
     name = "transformer_engine"
+    reshards_optimizer = True  # megatron-core's optimizer state is saved fully reshardable
 
     def __init__(self) -> None:
         import transformer_engine  # noqa: F401  (fail early and clearly when it is missing)
@@ -75,14 +78,17 @@ class TransformerEngineBackend:
             )
         return options
 
-    def layer_spec(self, cfg: DictConfig):
+    def layer_spec(self, cfg: DictConfig, config, vp_stage: int | None):
         from megatron.core.models.gpt.gpt_layer_specs import (
             get_gpt_layer_with_transformer_engine_spec,
         )
 
-        return get_gpt_layer_with_transformer_engine_spec(
+        spec = get_gpt_layer_with_transformer_engine_spec(
             use_te_activation_func=cfg.train.te_activation
         )
+        if cfg.train.te_activation:
+            spec.submodules.mlp.submodules.activation_func = CheckpointableTEActivation
+        return spec
 
     def adapt_model(self, model: torch.nn.Module) -> torch.nn.Module:
         return model
@@ -149,39 +155,53 @@ class TransformerEngineBackend:
         return contextlib.nullcontext()
 
     def _sharded_state(self, chunks, optimizer, loading: bool) -> dict:
-        model_state = {}
-        for i, chunk in enumerate(chunks):
-            key = "model" if len(chunks) == 1 else f"model{i}"
-            model_state[key] = _unwrap(chunk).sharded_state_dict()
-        state = dict(model_state)
+        state = dist_checkpoint.model_state(chunks)
         if optimizer is not None:
             # fully reshardable: a checkpoint saved under one layout resumes under another
             state["optimizer"] = optimizer.inner.sharded_state_dict(
-                model_state,
+                dict(state),
                 is_loading=loading,
                 metadata={"distrib_optim_sharding_type": "fully_reshardable"},
             )
         return state
 
     def save(self, folder: Path, chunks: list[torch.nn.Module], optimizer: Any) -> None:
-        from megatron.core import dist_checkpointing
-
-        target = folder / "dist"
-        if torch.distributed.get_rank() == 0:
-            target.mkdir(parents=True, exist_ok=True)
-        torch.distributed.barrier()
-        dist_checkpointing.save(self._sharded_state(chunks, optimizer, False), str(target))
+        dist_checkpoint.save(folder, self._sharded_state(chunks, optimizer, False))
 
     def load(self, folder: Path, chunks: list[torch.nn.Module], optimizer: Any | None) -> None:
-        from megatron.core import dist_checkpointing
-
-        state = dist_checkpointing.load(
-            self._sharded_state(chunks, optimizer, True), str(folder / "dist")
-        )
+        if optimizer is None:  # the weights alone, from any layout or layer spec
+            dist_checkpoint.load_weights(folder, chunks)
+            return
+        state = dist_checkpoint.load(folder, self._sharded_state(chunks, optimizer, True))
         for i, chunk in enumerate(chunks):
-            _unwrap(chunk).load_state_dict(state["model" if len(chunks) == 1 else f"model{i}"])
-        if optimizer is not None:
-            optimizer.inner.load_state_dict(state["optimizer"])
+            key = dist_checkpoint.chunk_key(i, len(chunks))
+            dist_checkpoint.unwrap(chunk).load_state_dict(state[key])
+        optimizer.inner.load_state_dict(state["optimizer"])
+
+
+class CheckpointableTEActivation:
+    """Transformer Engine's activation op (SwiGLU, GeLU) as megatron-core builds it, plus the
+    sharded_state_dict that megatron-core 0.16.1's MLP asks each submodule for and TE's op
+    lacks: its state (fp8 scaling, if any) saved as replicated, as for any plain module."""
+
+    def __new__(cls, config):
+        from megatron.core.extensions.transformer_engine import TEActivationOp
+        from megatron.core.transformer.utils import (
+            ensure_metadata_has_dp_cp_group,
+            make_sharded_tensors_for_checkpoint,
+        )
+
+        layer = TEActivationOp(config)
+
+        def sharded_state_dict(prefix="", sharded_offsets=(), metadata=None) -> dict:
+            metadata = ensure_metadata_has_dp_cp_group(metadata)
+            state = layer.state_dict(prefix="", keep_vars=True)
+            return make_sharded_tensors_for_checkpoint(
+                state, prefix, {}, sharded_offsets, dp_cp_group=metadata["dp_cp_group"]
+            )
+
+        layer.sharded_state_dict = sharded_state_dict
+        return layer
 
 
 def _fuse_wgrad_accumulation(chunks: list[torch.nn.Module]) -> None:
@@ -198,14 +218,6 @@ def _fuse_wgrad_accumulation(chunks: list[torch.nn.Module]) -> None:
                 and all(hasattr(w, "main_grad") for w in weights)
             ):
                 module.fuse_wgrad_accumulation = True
-
-
-def _unwrap(chunk: torch.nn.Module) -> torch.nn.Module:
-    """The GPTModel inside DistributedDataParallel and Float16Module: checkpoint keys then do
-    not depend on the wrappers."""
-    while hasattr(chunk, "module"):
-        chunk = chunk.module
-    return chunk
 
 
 def _grads_finite(chunks: list[torch.nn.Module]) -> bool:

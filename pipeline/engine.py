@@ -79,6 +79,19 @@ class Engine:
             chunks.append(chunk.to(self.device))
         return chunks
 
+    def model_layout(self) -> dict:
+        """How the checkpointed weights were laid out and shaped: what an evaluation elsewhere
+        (one device, another layer spec) needs to rebuild the same model."""
+        p = self.cfg.parallel
+        return {
+            "tensor": p.tensor,
+            "pipeline": p.pipeline,
+            "virtual_pipeline": p.virtual_pipeline,
+            "padded_vocab_size": models.padded_vocab_size(self.vocab_size, self.cfg),
+            "precision": self.cfg.train.precision,
+            "backend": self.backend.name,
+        }
+
     def iterators(
         self, dataset, start: int, micro_batch_size: int, limit: int | None = None
     ) -> list:

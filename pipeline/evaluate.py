@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 import torch
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict
 
 from pipeline import checkpoint, data, evalsets, files, harness, report
 from pipeline.graph import evaluate_complete
@@ -30,12 +30,20 @@ def resolve_checkpoint(cfg: DictConfig) -> Path:
     return folder.resolve()
 
 
-def _single_model(cfg: DictConfig, engine) -> torch.nn.Module | None:
-    """The whole model in this process, or None: pipeline- and tensor-parallel layouts sample
-    and run downstream tasks through a single-GPU evaluation."""
-    if len(engine.chunks) > 1 or cfg.parallel.pipeline > 1 or cfg.parallel.tensor > 1:
-        return None
-    return engine.chunks[0]
+def single_device(cfg: DictConfig) -> DictConfig:
+    """The run's config for the evaluation job: one process on one GPU, or on the CPU, whatever
+    layout trained the checkpoint (dist_checkpoint reshards the weights as they load)."""
+    from pipeline.backend import resolve_device
+
+    local = cfg.copy()
+    with open_dict(local):
+        local.parallel.tensor = local.parallel.pipeline = 1
+        local.parallel.virtual_pipeline = None
+        local.parallel.sequence_parallel = False
+        local.train.recompute = "none"  # nothing is kept for a backward pass
+        if resolve_device(cfg) == "cpu":
+            local.train.precision = "fp32"  # bf16/fp8 weights read into fp32
+    return local
 
 
 def _samples(cfg: DictConfig, model: torch.nn.Module, sp, device: torch.device) -> list[dict]:
@@ -119,7 +127,9 @@ def run(cfg: DictConfig) -> dict:
     started = time.time()
     manifest = data.load_manifest(cfg)
     folder = resolve_checkpoint(cfg)
-    engine = Engine(cfg, manifest["vocab_size"])
+    # the vocabulary as padded for the checkpoint's tensor-parallel size (older saves: ours)
+    written = files.read_json(folder / "state.json").get("layout", {})
+    engine = Engine(single_device(cfg), written.get("padded_vocab_size", manifest["vocab_size"]))
     sp = load(manifest["tokenizer"])
     # whole micro-batches on every data-parallel rank: the sets are padded with masked windows
     multiple = _micro_batch_size(cfg) * engine.dp_size
@@ -130,7 +140,7 @@ def run(cfg: DictConfig) -> dict:
     step = checkpoint.load(folder, engine.backend, engine.chunks, None)["step"]
     measured = {s.name: _measure(engine, s, cfg) for s in sets}
     test = measured["test"]
-    model = _single_model(cfg, engine)
+    model = engine.chunks[0]
     result = {
         "checkpoint": str(folder),
         "checkpoint_step": step,
@@ -138,13 +148,14 @@ def run(cfg: DictConfig) -> dict:
         "test_ppl": test["ppl"],
         "test_tokens": test["tokens"],
         "sets": measured,
-        "samples": _samples(cfg, model, sp, engine.device) if model is not None else [],
+        "samples": _samples(cfg, model, sp, engine.device),
         "harness": harness.run(cfg, model, sp, engine.device),
         "config": OmegaConf.to_container(cfg.eval, resolve=True),  # what this result is for
     }
     if cfg.eval.all_checkpoints:
         result["checkpoints"] = _every_checkpoint(cfg, engine, sets[0], folder, test)
     result["gpus"] = 1 if engine.device.type == "cuda" else 0
+    result["checkpoint_layout"] = written
     result["seconds"] = round(time.time() - started, 2)
     if engine.rank.is_first:
         for name, r in measured.items():

@@ -80,15 +80,11 @@ def _skipped(tasks: list[str], why: str) -> dict:
     return {"tasks": tasks, "skipped": line}
 
 
-def run(cfg: DictConfig, model: torch.nn.Module | None, sp, device: torch.device) -> dict:
+def run(cfg: DictConfig, model: torch.nn.Module, sp, device: torch.device) -> dict:
     """Scores of eval.harness_tasks, or why they were skipped; {} when none are configured."""
     tasks = list(cfg.eval.harness_tasks)
     if not tasks:
         return {}
-    if model is None:
-        return _skipped(
-            tasks, "needs the whole model in one process (parallel.tensor=1, pipeline=1)"
-        )
     if importlib.util.find_spec("lm_eval") is None:
         return _skipped(tasks, "the lm_eval package is not installed")
     os.environ.update(HF_DATASETS_OFFLINE="1", HF_HUB_OFFLINE="1")  # before datasets is imported

@@ -86,9 +86,10 @@ def build(
     from megatron.core.models.gpt import GPTModel
 
     m = cfg.model
+    config = transformer_config(cfg, backend)
     model = GPTModel(
-        config=transformer_config(cfg, backend),
-        transformer_layer_spec=backend.layer_spec(cfg),
+        config=config,
+        transformer_layer_spec=backend.layer_spec(cfg, config, vp_stage),
         vocab_size=padded_vocab_size(vocab_size, cfg),
         max_sequence_length=m.max_position_embeddings or m.seq_length,
         pre_process=pre_process,

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field, replace
 from omegaconf import DictConfig
 
 from pipeline import config as config_schema
+from pipeline import files
 from pipeline.config import ConfigError, data_parallel_size, slurm_minutes, world_size
 from pipeline.flops import flops_per_sequence, peak_tflops
 from pipeline.layout import RunLayout
@@ -528,9 +529,17 @@ def _local_gpu() -> bool:
 
 def _check_device(cfg: DictConfig) -> None:
     t = cfg.train
-    if not on_gpu(cfg) and t.precision != "fp32":
+    # an evaluation alone runs in fp32 on a CPU, whatever precision trained the weights
+    if not on_gpu(cfg) and t.precision != "fp32" and "train" in cfg.stages:
         raise ConfigError(
             f"train.precision: {t.precision} needs GPUs (cluster.gpus_per_node); use fp32 on CPU"
+        )
+    if not on_gpu(cfg) and cfg.parallel.sequence_parallel:
+        raise ConfigError("parallel.sequence_parallel: needs GPUs; use false on CPU")
+    if not on_gpu(cfg) and cfg.parallel.pipeline > 1 and not cfg.model.untie_embeddings:
+        raise ConfigError(
+            "parallel.pipeline: pipeline stages on CPU need model.untie_embeddings=true "
+            "(megatron-core keeps the output copy of a tied embedding on a GPU)"
         )
     if on_gpu(cfg) and cfg.cluster.executor != "slurm" and not _local_gpu():
         raise ConfigError(
@@ -609,6 +618,38 @@ def preflight(cfg: DictConfig, vocab_size: int) -> None:
     _check_fp8(cfg)
     _check_fits(cfg, vocab_size)
     _check_time_limit(cfg, vocab_size)
+    _check_resume_layout(cfg)
+
+
+RESUME_KEYS = ("tensor", "pipeline", "virtual_pipeline")
+
+
+def resume_layout_problem(written: dict | None, cfg: DictConfig) -> tuple[str, str] | None:
+    """(key, why) when a CPU run cannot resume from a checkpoint whose state.json recorded the
+    layout `written`: the CPU optimizer's state belongs to the shard each rank held."""
+    if not written:
+        return None
+    differ = [k for k in RESUME_KEYS if written[k] != cfg.parallel[k]]
+    if not differ:
+        return None
+    saved = ", ".join(f"parallel.{k}={written[k]}" for k in RESUME_KEYS)
+    return f"parallel.{differ[0]}", (
+        f"the checkpoint to resume was saved under {saved}; on CPU, training resumes only "
+        "under the layout it saved (its weights load under any: stages=[evaluate])"
+    )
+
+
+def _check_resume_layout(cfg: DictConfig) -> None:
+    run = RunLayout.of(cfg.workdir)
+    tracker = run.checkpoints / "latest.txt"
+    if "train" not in cfg.stages or on_gpu(cfg) or run.train_done.exists():
+        return
+    if not tracker.is_file():
+        return
+    state = files.read_json_or_none(run.checkpoints / tracker.read_text().strip() / "state.json")
+    problem = resume_layout_problem((state or {}).get("layout"), cfg)
+    if problem:
+        raise ConfigError(f"{problem[0]}: {problem[1]}")
 
 
 # --- layout search ------------------------------------------------------------------------------

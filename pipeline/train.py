@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 from omegaconf import DictConfig, OmegaConf
 
-from pipeline import checkpoint, data, distributed, files, flops, report
+from pipeline import checkpoint, data, distributed, files, flops, plan, report
 from pipeline.config import world_size
 from pipeline.engine import Engine
 from pipeline.errors import NonFinite
@@ -141,11 +141,21 @@ class Trainer(Engine):
         folder = checkpoint.latest(self.layout.checkpoints, collective=True)
         if folder is None:
             return
+        self._check_resumable_layout(folder)
         saved = checkpoint.load(folder, self.backend, self.chunks, self.optimizer)
         self.state = RunState(**saved["run"])
         self.scheduler.load_state_dict(self.state.scheduler)
         self._log(f"resumed from {folder} at step {self.state.step}")
         self._record(None, {"step": self.state.step, "resumed_from": folder.name})
+
+    def _check_resumable_layout(self, folder) -> None:
+        """Refused before submission too (plan.preflight); here for a stage called directly."""
+        if self.backend.reshards_optimizer:
+            return
+        written = files.read_json(folder / "state.json").get("layout")
+        problem = plan.resume_layout_problem(written, self.cfg)
+        if problem:
+            raise RuntimeError(f"{folder}: {problem[1]}")
 
     def _tick(self) -> None:
         now = time.time()
@@ -174,7 +184,12 @@ class Trainer(Engine):
         checkpoint.save(
             self.layout.checkpoints,
             self.state.step,
-            {"step": self.state.step, "val_loss": self.state.val_loss, "run": vars(self.state)},
+            {
+                "step": self.state.step,
+                "val_loss": self.state.val_loss,
+                "layout": self.model_layout(),
+                "run": vars(self.state),
+            },
             self.backend,
             self.chunks,
             self.optimizer,
@@ -217,9 +232,11 @@ class Trainer(Engine):
         self.resume()
         self._trim_metrics()
         train_ds, valid_ds = data.train_valid_datasets(cfg, self.manifest)
+        # before the data-loading workers fork: they inherit the handlers, and a job signal
+        # (time-limit warning, preemption) reaches them too, which would otherwise kill them
+        stop = StopRequest()
         iterators = self.iterators(train_ds, self.state.consumed_samples, t.micro_batch_size)
         writer = self._tensorboard()
-        stop = StopRequest()
         profiler = StepProfiler(
             list(t.profile_steps), self.layout.train_dir / "profile.txt", self.is_logger
         )

@@ -17,7 +17,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from pipeline import data
+from pipeline import data, dist_checkpoint
 from tests.conftest import CONF, SMALL, make_config
 from tests.test_pipeline import pipeline
 
@@ -76,7 +76,7 @@ def fresh_model(run):
         parallel_state.initialize_model_parallel(1, 1)
     net = models.build(cfg, manifest["vocab_size"], CpuBackend())
     best = Path(_evaluation(workdir)["checkpoint"])
-    net.load_state_dict(torch.load(best / "model.pt", weights_only=False)[0])
+    dist_checkpoint.load_weights(best, [net])
     net.eval()
     return cfg, net, load(workdir / "tokenizer" / "tokenizer.model")
 

@@ -101,21 +101,34 @@ def test_bf16_trains_and_loss_falls(bf16_run):
     assert samples and all(s["greedy"] for s in samples)
 
 
-def test_resume_reproduces_the_uninterrupted_loss_curve(bf16_run, tmp_path):
-    reference, _ = bf16_run
-    run = tmp_path / "resume"
+def resumed_from_step_30(reference: Path, run: Path, *args: str) -> dict[int, float]:
+    """`reference` rerun from its step-30 checkpoint into `run`: the curve of steps 31-60."""
     shutil.copytree(reference, run, symlinks=True)
     shutil.rmtree(run / "checkpoints" / "iter_0000060")
     for path in ("train/DONE.json", "train/metrics.jsonl", "eval/DONE.json", "summary.json"):
-        (run / path).unlink()
-    pipeline(run, "stages=[tokenize,train]")
-    resumed = curve(run)
+        (run / path).unlink(missing_ok=True)
+    pipeline(run, "stages=[tokenize,train]", *args)
+    return curve(run)
+
+
+def test_resume_reproduces_the_uninterrupted_loss_curve(bf16_run, tmp_path):
+    reference, _ = bf16_run
+    resumed = resumed_from_step_30(reference, tmp_path / "resume")
     assert sorted(resumed) == list(range(31, 61))
     uninterrupted = curve(reference)
     assert close(resumed, {s: uninterrupted[s] for s in resumed}, rtol=2e-3), (
         resumed,
         uninterrupted,
     )
+
+
+def test_te_activation_kernels_checkpoint_and_resume(data_dir, tmp_path):
+    reference = with_data(data_dir, tmp_path / "te-activation")
+    pipeline(reference, "stages=[tokenize,train]", "train.te_activation=true")
+    resumed = resumed_from_step_30(reference, tmp_path / "resumed", "train.te_activation=true")
+    assert sorted(resumed) == list(range(31, 61))
+    uninterrupted = curve(reference)
+    assert close(resumed, {s: uninterrupted[s] for s in resumed}, rtol=2e-3)
 
 
 @pytest.mark.parametrize("recipe", ["delayed", "tensorwise"])
@@ -152,3 +165,33 @@ def test_two_gpus_match_one_gpu(data_dir, tmp_path, layout):
         *layout,
     )
     assert close(curve(one), curve(two), rtol=2e-2), (curve(one), curve(two))
+
+
+def _evaluate(run: Path, *args: str) -> dict:
+    (run / "eval" / "DONE.json").unlink(missing_ok=True)
+    pipeline(run, "stages=[evaluate]", *args)
+    return json.loads((run / "eval" / "DONE.json").read_text())
+
+
+def test_a_gpu_checkpoint_evaluates_on_the_cpu(bf16_run, tmp_path):
+    """Transformer Engine layers, bf16, written on the GPU; read by the CPU's layer spec in fp32."""
+    run = tmp_path / "on-cpu"
+    shutil.copytree(bf16_run[0], run, symlinks=True)
+    on_gpu = json.loads((run / "eval" / "DONE.json").read_text())
+    on_cpu = _evaluate(run, "train.device=cpu", "cluster.gpus_per_node=0", "eval.max_batches=8")
+    assert on_cpu["gpus"] == 0 and on_cpu["checkpoint_layout"]["backend"] == "transformer_engine"
+    on_gpu = _evaluate(run, "eval.max_batches=8")
+    assert abs(on_cpu["test_loss"] - on_gpu["test_loss"]) <= 0.02 * on_gpu["test_loss"]
+
+
+def test_a_tensor_parallel_cpu_checkpoint_evaluates_on_the_gpu(data_dir, tmp_path):
+    """Written by two CPU ranks at parallel.tensor=2 without Transformer Engine, read by one
+    GPU with Transformer Engine layers in bf16: the same test loss as on the CPU."""
+    run = with_data(data_dir, tmp_path / "cpu-tp2")
+    cpu = ["train.device=cpu", "train.precision=fp32", "cluster.gpus_per_node=0"]
+    two_ranks = ["parallel.tensor=2", "cluster.executor=subprocess", "cluster.tasks_per_node=2"]
+    pipeline(run, "stages=[tokenize,train]", "train.steps=10", *cpu, *two_ranks)
+    on_cpu = _evaluate(run, "train.steps=10", *cpu, "eval.max_batches=8")
+    on_gpu = _evaluate(run, "train.steps=10", "eval.max_batches=8")
+    assert on_gpu["gpus"] == 1 and on_gpu["checkpoint_layout"]["tensor"] == 2
+    assert abs(on_cpu["test_loss"] - on_gpu["test_loss"]) <= 0.02 * on_cpu["test_loss"]

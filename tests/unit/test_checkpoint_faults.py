@@ -17,7 +17,7 @@ from pipeline.layout import RunLayout
 from tests.conftest import CONF, SMALL_SERIAL, cli, copy_tokenized, loss_curve
 
 
-@pytest.mark.parametrize("name", ["model.pt", "optimizer.pt", "state.json"])
+@pytest.mark.parametrize("name", ["dist/__0_0.distcp", "optimizer_tp00_pp00.pt", "state.json"])
 def test_a_flipped_byte_is_detected_and_the_previous_checkpoint_resumes(run_copy, name):
     cfg = run_copy
     cfg.train.log_interval = 1

@@ -74,7 +74,7 @@ def test_damaged_or_incomplete_checkpoints_are_skipped(run_copy):
     newest = root / checkpoint.folder_name(20)
     older = root / checkpoint.folder_name(10)
     assert checkpoint.latest(root) == newest
-    model_file = newest / "model.pt"
+    model_file = newest / "dist" / "__0_0.distcp"
     model_file.write_bytes(model_file.read_bytes()[:100])  # truncated
     with pytest.warns(UserWarning, match="incomplete or damaged"):
         assert checkpoint.latest(root) == older

@@ -1,0 +1,108 @@
+"""Tensor- and pipeline-parallel training on CPU ranks (gloo, megatron-core's own parallel
+layers and pipeline schedules), and checkpoints written under those layouts read back in one
+process: the evaluation job runs on whatever it has, whatever layout trained the weights."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from pipeline import checkpoint, data, files
+from pipeline.layout import RunLayout
+from tests.conftest import SMALL_SERIAL, cli, copy_tokenized, make_config
+
+TWO_RANKS = ["cluster.executor=subprocess", "cluster.tasks_per_node=2", "stages=[train]"]
+LAYOUTS = {
+    "single": [],
+    "tensor2": ["parallel.tensor=2"],
+    # two stages of two virtual stages each: megatron-core's interleaved schedule
+    "pipeline2": ["parallel.pipeline=2", "parallel.virtual_pipeline=2", "model.num_layers=4"],
+}
+
+
+def _args(workdir: Path, name: str) -> list[str]:
+    ranks = TWO_RANKS if LAYOUTS[name] else ["stages=[train]"]
+    return [f"workdir={workdir}", *SMALL_SERIAL, *ranks, *LAYOUTS[name]]
+
+
+@pytest.fixture(scope="module")
+def runs(tokenized, tmp_path_factory) -> dict[str, Path]:
+    out = {}
+    for name in LAYOUTS:
+        workdir = copy_tokenized(tokenized, tmp_path_factory.mktemp(name))
+        result = cli(*_args(workdir, name))
+        assert result.returncode == 0, result.stderr[-3000:]
+        out[name] = workdir
+    return out
+
+
+def _metrics(workdir: Path, key: str) -> dict[int, float]:
+    lines = (workdir / "train" / "metrics.jsonl").read_text().splitlines()
+    return {r["step"]: r[key] for r in map(json.loads, lines) if key in r}
+
+
+def test_two_tensor_parallel_ranks_follow_the_single_process_curve(runs):
+    """Weights are initialised whole and then split, so both layouts start from one model; the
+    gradient norm counts each shard once and each copied weight (norms) once."""
+    for key in ("loss", "grad_norm", "val_loss"):
+        single, split = _metrics(runs["single"], key), _metrics(runs["tensor2"], key)
+        assert single.keys() == split.keys() and single, key
+        for step in single:
+            assert abs(single[step] - split[step]) <= 1e-4 * abs(single[step]), (key, step)
+
+
+def test_tensor_parallel_weights_evaluate_in_one_process_as_the_same_model(runs):
+    results = {}
+    for name in ("single", "tensor2"):
+        result = cli(*_args(runs[name], name)[:-1], "stages=[evaluate]", *LAYOUTS[name])
+        assert result.returncode == 0, result.stderr[-3000:]
+        results[name] = files.read_json(RunLayout.of(str(runs[name])).eval_done)
+    split = results["tensor2"]
+    assert split["checkpoint_layout"]["tensor"] == 2 and split["gpus"] == 0
+    assert abs(split["test_loss"] - results["single"]["test_loss"]) <= 1e-4 * split["test_loss"]
+    assert all(s["greedy"] for s in split["samples"])  # decoded in one process too
+
+
+def test_pipeline_stage_checkpoint_in_one_process_gives_the_stages_validation_loss(runs):
+    """The validation loss the two stages (four model chunks) logged at step 20, recomputed
+    from their checkpoint by one process holding the whole model."""
+    from pipeline.engine import Engine
+    from pipeline.evaluate import single_device
+
+    workdir = runs["pipeline2"]
+    cfg = make_config(workdir, *SMALL_SERIAL, *TWO_RANKS, *LAYOUTS["pipeline2"])
+    folder = RunLayout.of(str(workdir)).checkpoints / checkpoint.folder_name(20)
+    state = files.read_json(folder / "state.json")
+    assert state["layout"]["pipeline"] == 2 and state["layout"]["virtual_pipeline"] == 2
+    local = single_device(cfg)
+    engine = Engine(local, state["layout"]["padded_vocab_size"])
+    assert len(engine.chunks) == 1
+    checkpoint.load(folder, engine.backend, engine.chunks, None)
+    _, valid = data.train_valid_datasets(local, data.load_manifest(local))
+    loss, _ = engine.loss_over(valid, cfg.train.micro_batch_size, cfg.train.eval_iters)
+    assert abs(loss - state["val_loss"]) <= 1e-5 * loss, (loss, state["val_loss"])
+
+
+def test_a_cpu_resume_under_another_layout_says_why_in_one_line(runs):
+    workdir = runs["tensor2"]
+    (workdir / "train" / "DONE.json").unlink()
+    result = cli(f"workdir={workdir}", *SMALL_SERIAL, "stages=[train]", "train.steps=30")
+    assert result.returncode == 2 and result.stderr.count("\n") == 1, result.stderr
+    assert result.stderr.startswith(
+        "error: parallel.tensor: the checkpoint to resume was saved under parallel.tensor=2, "
+        "parallel.pipeline=1, parallel.virtual_pipeline=None; on CPU, training resumes only "
+    )
+
+
+def test_pipeline_stages_on_cpu_with_tied_embeddings_are_refused_before_anything_runs(tmp_path):
+    result = cli(
+        f"workdir={tmp_path / 'run'}",
+        "parallel.pipeline=2",
+        "model.untie_embeddings=false",
+        "cluster.tasks_per_node=2",
+    )
+    assert result.returncode == 2
+    assert result.stderr.startswith("error: parallel.pipeline: ") and result.stderr.count("\n") == 1
+    assert not (tmp_path / "run").exists()
