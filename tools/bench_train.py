@@ -101,7 +101,7 @@ def run_stage(workdir: Path, run: StageRun, steps: int, warmup: int, data: Path)
     workdir.mkdir(parents=True, exist_ok=True)
     for name in ("corpus", "tokenizer", "data"):
         if not (workdir / name).exists():
-            (workdir / name).symlink_to(data / name)
+            (workdir / name).symlink_to((data / name).resolve())
     overrides = run.overrides(warmup + steps)
     cmd = [sys.executable, "-m", "pipeline", f"workdir={workdir}", *overrides]
     started = time.time()
