@@ -269,7 +269,7 @@ class CpuBackend:
     def save(self, folder: Path, chunks: list[torch.nn.Module], optimizer: Any) -> None:
         from megatron.core import parallel_state
 
-        dist_checkpoint.save(folder, dist_checkpoint.model_state(chunks))
+        dist_checkpoint.save(folder, dist_checkpoint.model_state(chunks), on_cpu=True)
         if optimizer is not None and parallel_state.get_data_parallel_rank() == 0:
             # data-parallel replicas hold the same optimizer state: one file per model shard
             _save(optimizer.state_dict(), folder / _optimizer_file())

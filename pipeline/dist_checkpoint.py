@@ -8,6 +8,7 @@ loads under any other, on GPUs or on the CPU.
 
 from __future__ import annotations
 
+import contextlib
 import queue
 from pathlib import Path
 
@@ -46,8 +47,9 @@ def _results_in_this_process() -> None:
         filesystem_async._results_queue = queue.Queue()
 
 
-def save(folder: Path, sharded_state: dict) -> None:
-    """Collective: write `sharded_state` into folder/dist (each rank its own shards)."""
+def save(folder: Path, sharded_state: dict, on_cpu: bool = False) -> None:
+    """Collective: write `sharded_state` into folder/dist (each rank its own shards); `on_cpu`:
+    the job runs on the CPU (gloo), whatever the host has."""
     from megatron.core import dist_checkpointing
 
     _results_in_this_process()
@@ -57,7 +59,8 @@ def save(folder: Path, sharded_state: dict) -> None:
         target.mkdir(parents=True, exist_ok=True)
     if torch.distributed.is_initialized():
         torch.distributed.barrier()
-    with cuda_calls_on_cpu():  # its writer waits on CUDA copies and puts a flag there
+    # its writer waits on CUDA copies and puts a flag for gloo on the CUDA device
+    with cuda_calls_on_cpu() if on_cpu else contextlib.nullcontext():
         dist_checkpointing.save(sharded_state, str(target))
 
 
