@@ -64,12 +64,22 @@ def save(folder: Path, sharded_state: dict, on_cpu: bool = False) -> None:
         dist_checkpointing.save(sharded_state, str(target))
 
 
+def _written(folder: Path) -> str:
+    target = folder / FOLDER
+    if not target.is_dir():
+        raise RuntimeError(
+            f"checkpoint {folder} has no {FOLDER}/ folder: it was written by an older version "
+            "of this pipeline (model.pt), which this one does not read"
+        )
+    return str(target)
+
+
 def load(folder: Path, sharded_state: dict) -> dict:
     """Collective: the state dict asked for by `sharded_state`, read from folder/dist; every key
     must be in the checkpoint (a resume restores all of it)."""
     from megatron.core import dist_checkpointing
 
-    return dist_checkpointing.load(sharded_state, str(folder / FOLDER))
+    return dist_checkpointing.load(sharded_state, _written(folder))
 
 
 def load_weights(folder: Path, chunks: list[torch.nn.Module]) -> None:
@@ -81,7 +91,7 @@ def load_weights(folder: Path, chunks: list[torch.nn.Module]) -> None:
 
     # megatron-core's "unexpected" keys: asked for, and not in the checkpoint
     state, _, absent = dist_checkpointing.load(
-        model_state(chunks), str(folder / FOLDER), strict=StrictHandling.RETURN_UNEXPECTED
+        model_state(chunks), _written(folder), strict=StrictHandling.RETURN_UNEXPECTED
     )
     weights = sorted(key for key in absent if not key.split("/")[0].endswith("_extra_state"))
     if weights:
