@@ -190,6 +190,21 @@ def register() -> None:
     ConfigStore.instance().store(name="base_config", node=PipelineConfig)
 
 
+CONF = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "conf")
+
+
+def compose(workdir: str, *overrides: str, check: bool = True) -> DictConfig:
+    """The config the command line would compose from conf/ for these overrides (validated
+    unless `check` is false), for tools and tests that need one without running a stage."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+
+    register()
+    with initialize_config_dir(config_dir=CONF, version_base=None):
+        cfg = hydra_compose("config", overrides=[f"workdir={workdir}", *overrides])
+    return validate(cfg) if check else cfg
+
+
 def _require(ok: bool, key: str, message: str) -> None:
     if not ok:
         raise ConfigError(f"{key}: {message}")

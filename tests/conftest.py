@@ -9,7 +9,6 @@ import sys
 from pathlib import Path
 
 import pytest
-from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig
 
 from pipeline import config
@@ -43,9 +42,7 @@ SMALL_SERIAL = [*SMALL, "train.threads=1"]
 
 
 def make_config(workdir: Path | str, *overrides: str, validate: bool = True) -> DictConfig:
-    with initialize_config_dir(config_dir=str(CONF), version_base=None):
-        cfg = compose("config", overrides=[f"workdir={workdir}", *overrides])
-    return config.validate(cfg) if validate else cfg
+    return config.compose(str(workdir), *overrides, check=validate)
 
 
 @pytest.fixture(scope="session")

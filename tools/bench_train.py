@@ -89,9 +89,9 @@ class StageRun:
 def planned_memory_gib(overrides: list[str]) -> float:
     """The planner's estimate of torch's peak allocation for the config (total - overhead)."""
     from pipeline import plan
-    from tests.conftest import make_config
+    from pipeline.config import compose
 
-    cfg = make_config("/tmp/unused", *overrides)
+    cfg = compose("/tmp/unused", *overrides)
     memory = plan.memory_per_gpu(cfg, VOCAB)
     return (memory["total"] - memory["overhead"]) / 2**30
 
@@ -148,10 +148,10 @@ def llama_config(model: str):
     """The model config of the same shape, as a transformers LlamaConfig."""
     from transformers import LlamaConfig
 
+    from pipeline.config import compose
     from pipeline.model import ffn_hidden_size
-    from tests.conftest import make_config
 
-    m = make_config("/tmp/unused", f"model={model}", validate=False).model
+    m = compose("/tmp/unused", f"model={model}", check=False).model
     return LlamaConfig(
         vocab_size=VOCAB,
         hidden_size=m.hidden_size,
@@ -167,10 +167,10 @@ def llama_config(model: str):
 
 
 def flops_per_token(model: str) -> float:
+    from pipeline.config import compose
     from pipeline.flops import flops_per_sequence
-    from tests.conftest import make_config
 
-    cfg = make_config("/tmp/unused", f"model={model}", f"model.seq_length={SEQ}", validate=False)
+    cfg = compose("/tmp/unused", f"model={model}", f"model.seq_length={SEQ}", check=False)
     return flops_per_sequence(cfg, VOCAB) / SEQ
 
 
