@@ -40,6 +40,14 @@ class StopRequest:
     def _handle(self, signum, frame) -> None:
         self.received.add(signum)
 
+    def ignore_warnings(self) -> None:
+        """The run is over: a time-limit warning from now on (the job ending near its limit)
+        has nothing left to save. Ignored, it cannot kill the exiting process once Python has
+        put the default handlers back, which Slurm would count as a failed job and so never
+        start the evaluation chained after it."""
+        for sig in self.WARNINGS:
+            signal.signal(sig, signal.SIG_IGN)
+
     def agreed(self, device: torch.device) -> bool:
         return distributed.any_rank(bool(self.received), device)
 
@@ -299,7 +307,9 @@ class Trainer(Engine):
                 return {"status": "interrupted", "step": st.step, "requeue": requeue}
         if writer is not None:
             writer.close()
-        return self._finish()
+        result = self._finish()
+        stop.ignore_warnings()
+        return result
 
     def _tensorboard(self):
         if not self.is_logger:
