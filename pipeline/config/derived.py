@@ -1,0 +1,102 @@
+"""Values derived from the config, each computed in one place: ranks, the batch arithmetic,
+Slurm times. `resolve` returns the config with the derived batch sizes filled in; the config it
+is given is left as it was."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from pipeline.config.schema import ClusterConfig, PipelineConfig
+from pipeline.core.errors import ConfigError
+
+
+def slurm_minutes(limit: str, key: str) -> int:
+    """Slurm's [days-]hours:minutes:seconds, hours:minutes:seconds or minutes, as whole
+    minutes (seconds round up)."""
+    days, _, rest = str(limit).rpartition("-")
+    try:
+        parts = [int(p) for p in rest.split(":")]
+        day_count = int(days or 0)
+    except ValueError:
+        raise ConfigError(f"{key}: {limit!r} is not a Slurm time ([days-]hh:mm:ss)") from None
+    if len(parts) > 3 or min(parts + [day_count]) < 0:
+        raise ConfigError(f"{key}: {limit!r} is not a Slurm time ([days-]hh:mm:ss)")
+    if len(parts) == 1:
+        return day_count * 1440 + parts[0]
+    hours, minutes, seconds = ([0] * (3 - len(parts))) + parts
+    return day_count * 1440 + hours * 60 + minutes + (1 if seconds else 0)
+
+
+def tasks_per_node(cluster: ClusterConfig) -> int:
+    """Training ranks per node: as given, else one per GPU (one on CPU nodes)."""
+    return cluster.tasks_per_node or cluster.gpus_per_node or 1
+
+
+def world_size(cluster: ClusterConfig) -> int:
+    """Ranks of the training job: nodes x tasks per node (one task per GPU)."""
+    return cluster.nodes * tasks_per_node(cluster)
+
+
+def data_parallel_size(cfg: PipelineConfig) -> int:
+    return world_size(cfg.cluster) // (cfg.parallel.tensor * cfg.parallel.pipeline)
+
+
+def trains_on_gpu(cfg: PipelineConfig) -> bool:
+    """Whether the training job is meant for GPUs, as the config says (the launcher may run on
+    a login node without any)."""
+    device = cfg.train.device
+    return device == "cuda" or (device == "auto" and cfg.cluster.gpus_per_node > 0)
+
+
+@dataclass(frozen=True)
+class Batch:
+    """global = micro x data-parallel size x accumulation."""
+
+    micro: int
+    grad_accum: int
+    data_parallel: int
+
+    @property
+    def global_size(self) -> int:
+        return self.micro * self.data_parallel * self.grad_accum
+
+
+def batch(cfg: PipelineConfig) -> Batch:
+    """The micro-batch size and accumulation the run uses. train.grad_accum is derived from the
+    two batch sizes when not given; with train.hold_global_batch (sweeps over accumulation) the
+    micro-batch size is derived instead. An inconsistent triple is a ConfigError."""
+    t = cfg.train
+    dp = data_parallel_size(cfg)
+    micro = t.micro_batch_size
+    if t.hold_global_batch and t.grad_accum is not None:
+        if t.global_batch_size % (t.grad_accum * dp):
+            raise ConfigError(
+                f"train.grad_accum: {t.grad_accum} x data-parallel size {dp} does not divide "
+                f"train.global_batch_size={t.global_batch_size}"
+            )
+        micro = t.global_batch_size // (t.grad_accum * dp)
+    if micro < 1:
+        raise ConfigError("train.micro_batch_size: must be at least 1")
+    per_step = micro * dp
+    if t.grad_accum is None:
+        if t.global_batch_size % per_step:
+            raise ConfigError(
+                f"train.global_batch_size: {t.global_batch_size} is not a multiple of "
+                f"train.micro_batch_size x data-parallel size = {micro} x {dp}"
+            )
+        return Batch(micro, t.global_batch_size // per_step, dp)
+    if t.global_batch_size != per_step * t.grad_accum:
+        raise ConfigError(
+            f"train.global_batch_size: {t.global_batch_size} != train.micro_batch_size x "
+            f"data-parallel size x train.grad_accum = {micro} x {dp} x {t.grad_accum}"
+        )
+    return Batch(micro, t.grad_accum, dp)
+
+
+def resolve(cfg: PipelineConfig) -> PipelineConfig:
+    """A copy of a validated config with train.micro_batch_size and train.grad_accum as the
+    run uses them (see `batch`)."""
+    b = batch(cfg)
+    train = dataclasses.replace(cfg.train, micro_batch_size=b.micro, grad_accum=b.grad_accum)
+    return dataclasses.replace(cfg, train=train)

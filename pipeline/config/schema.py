@@ -1,0 +1,178 @@
+"""The config schema: one dataclass per section of conf/.
+
+Registered in Hydra's ConfigStore as `base_config` (pipeline.config.compose), so a typo or a
+wrong type in any YAML file or override fails at composition, naming the key. The composed
+config becomes an instance of `PipelineConfig` once, at the command line, and every step and
+component receives it, or the section it needs, typed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from omegaconf import MISSING
+
+STAGES = ("tokenize", "train", "evaluate")
+
+
+@dataclass
+class DataConfig:
+    # JSONL / JSONL.gz globs; empty: the built-in corpus
+    inputs: list[str] = field(default_factory=list)
+    prepared: str | None = None  # a run folder whose tokenize stage is complete: reuse its data
+    text_key: str = "text"
+    num_shards: int = 4
+    merge_into: int | None = None  # after tokenizing, concatenate the shards into this many files
+    split: str = "90,5,5"  # train, validation, test: documents, by weight
+    strict: bool = False  # stop at the first bad record instead of counting it
+    max_document_bytes: int = 64 * 1024 * 1024
+    builtin_corpus_bytes: int = 4_000_000
+
+
+@dataclass
+class TokenizerConfig:
+    model: str | None = None  # an existing sentencepiece .model; None: train one
+    type: str = "bpe"  # bpe | unigram
+    vocab_size: int = 4096
+    sample_documents: int = 200_000  # seeded random sample of the corpus used for training
+    max_sentence_length: int = 16384
+    character_coverage: float = 0.9995
+    byte_fallback: bool = True
+    lossless: bool = True  # identity normalization, whitespace kept: decode(encode(x)) == x
+    user_defined_symbols: list[str] = field(default_factory=lambda: ["\n"])
+    seed: int = 1234
+    threads: int = 2
+
+
+@dataclass
+class ModelConfig:
+    name: str = MISSING
+    num_layers: int = MISSING
+    hidden_size: int = MISSING
+    num_attention_heads: int = MISSING
+    num_query_groups: int | None = None  # None: plain multi-head attention
+    ffn_hidden_size: int | None = None  # None: 4 x hidden (or 8/3 x hidden for SwiGLU)
+    seq_length: int = 2048
+    max_position_embeddings: int | None = None  # None: seq_length
+    activation: str = "swiglu"  # swiglu | gelu
+    normalization: str = "RMSNorm"  # RMSNorm | LayerNorm
+    position_embedding: str = "rope"  # rope | learned_absolute
+    rotary_base: int = 10000
+    untie_embeddings: bool = True
+    add_bias_linear: bool = False
+    init_method_std: float = 0.02
+    hidden_dropout: float = 0.0
+    attention_dropout: float = 0.0
+    make_vocab_size_divisible_by: int = 128
+
+
+@dataclass
+class ParallelConfig:
+    tensor: int = 1
+    pipeline: int = 1
+    virtual_pipeline: int | None = None
+    sequence_parallel: bool = False
+    distributed_optimizer: bool = True
+    overlap_grad_reduce: bool = False
+
+
+@dataclass
+class TrainConfig:
+    micro_batch_size: int = 8
+    global_batch_size: int = 32
+    grad_accum: int | None = None  # derived from the batch sizes and data-parallel size
+    # Sweeps: keep global_batch_size and derive micro_batch_size from a given grad_accum.
+    hold_global_batch: bool = False
+    steps: int = 1000
+    lr: float = 3e-4
+    min_lr: float = 3e-5
+    warmup_steps: int = 100
+    lr_decay_style: str = "cosine"
+    weight_decay: float = 0.1
+    adam_beta1: float = 0.9
+    adam_beta2: float = 0.95
+    adam_eps: float = 1e-8
+    clip_grad: float = 1.0
+    precision: str = "bf16"  # fp32 | bf16 | fp16 | fp8
+    fp8_recipe: str = "delayed"  # delayed | tensorwise
+    recompute: str = "none"  # none | selective | full
+    recompute_layers: int | None = None  # with full recompute: layers recomputed per stage
+    device: str = "auto"  # auto | cpu | cuda
+    # Initialise whole weights on the CPU, then shard them: the same initial model under any
+    # tensor-parallel layout (slower to start for large models).
+    init_on_cpu: bool = False
+    # GPU kernels (Transformer Engine), ignored on CPU (docs/benchmarks.md has the figures):
+    # weight gradients accumulated into the fp32 main gradients inside TE's GEMMs (no apex
+    # needed for TE layers): +1% tokens/s on gpt-1.3b, the same loss curve.
+    wgrad_fusion: bool = True
+    # TE's own SwiGLU/GeLU instead of megatron-core's fused bias-activation: +0.6% on gpt-1.3b,
+    # the same loss curve
+    te_activation: bool = True
+    seed: int = 1234
+    log_interval: int = 10
+    # [first, last]: profile these steps (1-based) with torch.profiler into train/profile.txt
+    profile_steps: list[int] = field(default_factory=list)
+    eval_interval: int = 100
+    eval_iters: int = 10  # validation micro-batches per data-parallel rank, the same each time
+    save_interval: int = 200  # 0: no checkpoints (benchmarks)
+    keep_last: int = 2  # checkpoints kept besides the best one
+    threads: int | None = None  # CPU threads per rank; None: torch's default
+    exit_signal_lead_s: int = 120  # Slurm sends SIGUSR1 this long before the time limit
+    max_requeues: int = 20
+    nonfinite: str = "skip"  # skip | stop: a step whose loss or gradient is NaN or infinite
+
+
+@dataclass
+class EvalConfig:
+    checkpoint: str = "best"  # best | latest | a checkpoint folder
+    max_batches: int | None = None  # micro-batches per evaluated set; None: all of it
+    micro_batch_size: int | None = None  # None: train.micro_batch_size
+    prompts: list[str] = field(
+        default_factory=lambda: ["The function returns", "Python is", "To open a file,"]
+    )
+    max_new_tokens: int = 48
+    top_k: int = 40
+    top_p: float = 0.9
+    # More held-out sets: name -> JSONL glob or path, tokenized with the run's tokenizer
+    extra_sets: dict[str, str] = field(default_factory=dict)
+    all_checkpoints: bool = False  # also the test loss of every checkpoint retention kept
+    # lm-evaluation-harness tasks, run only if lm_eval is installed and their data is local
+    harness_tasks: list[str] = field(default_factory=list)
+
+
+@dataclass
+class ClusterConfig:
+    name: str = "local"
+    executor: str = "inprocess"  # local: inprocess | subprocess; slurm: slurm
+    nodes: int = 1
+    gpus_per_node: int = 0
+    tasks_per_node: int | None = None  # training ranks per node; None: one per GPU (1 on CPU)
+    cpus_per_task: int = 2
+    mem_gb: int | None = None
+    partition: str | None = None
+    cpu_partition: str | None = None  # for tokenizer, tokenize and verify jobs; None: partition
+    account: str | None = None
+    qos: str | None = None
+    time_limit: str = "04:00:00"
+    cpu_time_limit: str = "02:00:00"
+    array_parallelism: int = 64
+    setup: list[str] = field(default_factory=list)
+    sbatch_extra: dict[str, Any] = field(default_factory=dict)
+    gpu: str | None = None  # GPU model, e.g. H100: peak FLOP/s, memory and fp8 support
+    gpu_memory_gb: float | None = None  # None: that of cluster.gpu, when known
+    checkpoint_write_gbps: float = 1.0  # write bandwidth of the checkpoint filesystem, GB/s
+
+
+@dataclass
+class PipelineConfig:
+    workdir: str = MISSING
+    stages: list[str] = field(default_factory=lambda: list(STAGES))
+    dry_run: bool = False
+    data: DataConfig = field(default_factory=DataConfig)
+    tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)

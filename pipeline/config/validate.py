@@ -1,0 +1,301 @@
+"""Every cross-field check of the config, before anything is written or submitted.
+
+The schema already refused unknown keys and wrong types at composition; this checks what a
+schema cannot express (batch arithmetic, divisibility, ranges, paths, values that go into
+scripts). It reads the config and never changes it: the first problem is a ConfigError whose
+message starts with the key.
+"""
+
+from __future__ import annotations
+
+import glob
+import math
+import os
+import re
+from functools import reduce
+from typing import Any
+
+from pipeline.config import derived
+from pipeline.config.schema import STAGES, PipelineConfig
+from pipeline.core.errors import ConfigError
+
+
+def value_at(cfg: PipelineConfig, key: str) -> Any:
+    """The value of a dotted key, e.g. "train.lr"."""
+    return reduce(getattr, key.split("."), cfg)
+
+
+def _require(ok: bool, key: str, message: str) -> None:
+    if not ok:
+        raise ConfigError(f"{key}: {message}")
+
+
+def _one_of(cfg: PipelineConfig, key: str, allowed: tuple[str, ...]) -> None:
+    value = value_at(cfg, key)
+    _require(value in allowed, key, f"{value!r} is not one of {', '.join(allowed)}")
+
+
+def validate(cfg: PipelineConfig) -> None:
+    """Raise ConfigError for the first problem found."""
+    _require(bool(cfg.workdir), "workdir", "must be a path")
+    _validate_script_values(cfg)
+    _validate_bounds(cfg)
+    for stage in cfg.stages:
+        _require(stage in STAGES, "stages", f"{stage!r} is not one of {', '.join(STAGES)}")
+    _require(
+        list(cfg.stages) == [s for s in STAGES if s in cfg.stages],
+        "stages",
+        f"must be in pipeline order ({', '.join(STAGES)})",
+    )
+    _validate_data(cfg)
+    _validate_tokenizer(cfg)
+    _validate_model(cfg)
+    _validate_parallel(cfg)
+    derived.batch(cfg)  # the batch arithmetic
+    _validate_train(cfg)
+    _validate_cluster(cfg)
+    _validate_eval(cfg)
+
+
+def _validate_train(cfg: PipelineConfig) -> None:
+    _one_of(cfg, "train.precision", ("fp32", "bf16", "fp16", "fp8"))
+    _one_of(cfg, "train.fp8_recipe", ("delayed", "tensorwise"))
+    _one_of(cfg, "train.recompute", ("none", "selective", "full"))
+    _one_of(cfg, "train.device", ("auto", "cpu", "cuda"))
+    _one_of(cfg, "train.lr_decay_style", ("cosine", "linear", "constant", "WSD"))
+    t = cfg.train
+    _require(t.steps > 0, "train.steps", "must be positive")
+    _require(0 <= t.warmup_steps < t.steps, "train.warmup_steps", "must be in [0, train.steps)")
+    _require(0 <= t.min_lr <= t.lr, "train.min_lr", "must be in [0, train.lr]")
+    for key in ("log_interval", "eval_interval", "eval_iters"):
+        _require(getattr(t, key) > 0, f"train.{key}", "must be positive")
+    _require(t.save_interval >= 0, "train.save_interval", "must be >= 0 (0: no checkpoints)")
+    _require(t.keep_last >= 1, "train.keep_last", "must be at least 1")
+    ps = list(t.profile_steps)
+    _require(
+        not ps or (len(ps) == 2 and 1 <= ps[0] <= ps[1] <= t.steps),
+        "train.profile_steps",
+        f"{ps} is not [first, last] with 1 <= first <= last <= train.steps",
+    )
+
+
+def _validate_cluster(cfg: PipelineConfig) -> None:
+    _one_of(cfg, "cluster.name", ("local", "slurm"))
+    gpus, tasks = cfg.cluster.gpus_per_node, cfg.cluster.tasks_per_node
+    _require(
+        not gpus or not tasks or tasks == gpus,
+        "cluster.tasks_per_node",
+        f"{tasks} != cluster.gpus_per_node={gpus} (one task per GPU)",
+    )
+    allowed = ("inprocess", "subprocess") if cfg.cluster.name == "local" else ("slurm",)
+    _one_of(cfg, "cluster.executor", allowed)
+    for key in ("time_limit", "cpu_time_limit"):
+        limit = getattr(cfg.cluster, key)
+        _require(derived.slurm_minutes(limit, f"cluster.{key}") > 0, f"cluster.{key}", "is 0")
+    _require(cfg.cluster.checkpoint_write_gbps > 0, "cluster.checkpoint_write_gbps", "must be > 0")
+
+
+def _validate_eval(cfg: PipelineConfig) -> None:
+    e = cfg.eval
+    ckpt = str(e.checkpoint)
+    _require(
+        ckpt in ("best", "latest") or os.path.isdir(ckpt) or "train" in cfg.stages,
+        "eval.checkpoint",
+        f"{ckpt!r} is neither best, latest nor a checkpoint folder",
+    )
+    _require(e.max_batches is None or e.max_batches > 0, "eval.max_batches", "must be positive")
+    if "evaluate" not in cfg.stages:
+        return
+    for name, pattern in e.extra_sets.items():
+        key = f"eval.extra_sets.{name}"
+        _require(re.fullmatch(r"[\w.-]+", name) is not None, key, "name a set with [A-Za-z0-9_.-]")
+        _require(name != "test", key, "'test' is the held-out split's own name")
+        matches = [p for p in glob.glob(os.path.expanduser(str(pattern))) if os.path.isfile(p)]
+        _require(bool(matches), key, f"{pattern!r} matches no file")
+        for path in matches:
+            _require(os.access(path, os.R_OK), key, f"{path} is not readable")
+
+
+def _validate_data(cfg: PipelineConfig) -> None:
+    d = cfg.data
+    _require(d.num_shards >= 1, "data.num_shards", "must be at least 1")
+    _require(bool(d.text_key), "data.text_key", "must not be empty")
+    if d.prepared:
+        manifest = os.path.join(os.path.expanduser(d.prepared), "data", "manifest.json")
+        _require(os.path.isfile(manifest), "data.prepared", f"{manifest} does not exist")
+        _require("tokenize" not in cfg.stages, "stages", "drop tokenize when data.prepared is set")
+    if "tokenize" in cfg.stages:
+        for pattern in d.inputs:
+            matches = glob.glob(os.path.expanduser(pattern))
+            _require(bool(matches), "data.inputs", f"{pattern!r} matches no file")
+            for path in matches:
+                _require(os.access(path, os.R_OK), "data.inputs", f"{path} is not readable")
+    try:
+        weights = [float(x) for x in d.split.split(",")]
+    except ValueError:
+        raise ConfigError(f"data.split: {d.split!r} is not three comma-separated numbers") from None
+    _require(len(weights) == 3 and min(weights) >= 0, "data.split", "needs 3 weights >= 0")
+    _require(weights[0] > 0, "data.split", "the training weight must be positive")
+    _require(weights[2] > 0 or "evaluate" not in cfg.stages, "data.split", "needs a test share")
+
+
+def _validate_tokenizer(cfg: PipelineConfig) -> None:
+    tk = cfg.tokenizer
+    if tk.model:
+        _require(os.path.isfile(tk.model), "tokenizer.model", f"{tk.model} is not a file")
+    _one_of(cfg, "tokenizer.type", ("bpe", "unigram"))
+    _require(tk.vocab_size >= 64, "tokenizer.vocab_size", "must be at least 64")
+    _require(0 < tk.character_coverage <= 1, "tokenizer.character_coverage", "must be in (0, 1]")
+
+
+def _validate_model(cfg: PipelineConfig) -> None:
+    m = cfg.model
+    for key in ("num_layers", "hidden_size", "num_attention_heads", "seq_length"):
+        _require(getattr(m, key) > 0, f"model.{key}", "must be positive")
+    _require(
+        m.hidden_size % m.num_attention_heads == 0,
+        "model.hidden_size",
+        f"{m.hidden_size} is not divisible by model.num_attention_heads={m.num_attention_heads}",
+    )
+    groups = m.num_query_groups or m.num_attention_heads
+    _require(
+        m.num_attention_heads % groups == 0,
+        "model.num_query_groups",
+        f"{groups} does not divide model.num_attention_heads={m.num_attention_heads}",
+    )
+    _one_of(cfg, "model.activation", ("swiglu", "gelu"))
+    _one_of(cfg, "model.normalization", ("RMSNorm", "LayerNorm"))
+    _one_of(cfg, "model.position_embedding", ("rope", "learned_absolute"))
+    _require(
+        m.make_vocab_size_divisible_by >= 1,
+        "model.make_vocab_size_divisible_by",
+        "must be at least 1 (the vocabulary is padded to a multiple of it x parallel.tensor)",
+    )
+    limit = m.max_position_embeddings or m.seq_length
+    _require(
+        m.seq_length <= limit,
+        "model.seq_length",
+        f"{m.seq_length} exceeds model.max_position_embeddings={limit}",
+    )
+
+
+def _validate_parallel(cfg: PipelineConfig) -> None:
+    p, m = cfg.parallel, cfg.model
+    _require(p.tensor >= 1 and p.pipeline >= 1, "parallel", "tensor and pipeline must be >= 1")
+    ws = derived.world_size(cfg.cluster)
+    _require(
+        ws % (p.tensor * p.pipeline) == 0,
+        "parallel.tensor",
+        f"tensor x pipeline = {p.tensor * p.pipeline} does not divide the world size {ws} "
+        f"(cluster.nodes x cluster.gpus_per_node)",
+    )
+    groups = m.num_query_groups or m.num_attention_heads
+    _require(
+        m.num_attention_heads % p.tensor == 0 and groups % p.tensor == 0,
+        "parallel.tensor",
+        f"{p.tensor} does not divide the attention heads ({m.num_attention_heads}) "
+        f"and query groups ({groups})",
+    )
+    stages = p.pipeline * (p.virtual_pipeline or 1)
+    _require(
+        m.num_layers % stages == 0,
+        "parallel.pipeline",
+        f"model.num_layers={m.num_layers} is not divisible by pipeline x virtual stages = {stages}",
+    )
+    _require(
+        not p.sequence_parallel or p.tensor > 1,
+        "parallel.sequence_parallel",
+        "needs parallel.tensor > 1",
+    )
+
+
+# Values that must be at least 1 (None, where a key allows it, means "derive it").
+_AT_LEAST_ONE = (
+    "data.max_document_bytes",
+    "data.builtin_corpus_bytes",
+    "data.merge_into",
+    "tokenizer.sample_documents",
+    "tokenizer.max_sentence_length",
+    "tokenizer.threads",
+    "model.ffn_hidden_size",
+    "model.make_vocab_size_divisible_by",
+    "parallel.virtual_pipeline",
+    "train.grad_accum",
+    "train.threads",
+    "eval.max_batches",
+    "eval.micro_batch_size",
+    "cluster.nodes",
+    "cluster.tasks_per_node",
+    "cluster.cpus_per_task",
+    "cluster.mem_gb",
+    "cluster.array_parallelism",
+)
+_NOT_NEGATIVE = (
+    "train.clip_grad",
+    "train.weight_decay",
+    "train.max_requeues",
+    "eval.max_new_tokens",
+    "eval.top_k",
+    "cluster.gpus_per_node",
+)
+_POSITIVE = ("train.lr", "train.adam_eps", "model.init_method_std", "model.rotary_base")
+_FRACTION = (
+    "train.adam_beta1",
+    "train.adam_beta2",
+    "model.hidden_dropout",
+    "model.attention_dropout",
+)
+
+
+def _validate_bounds(cfg: PipelineConfig) -> None:
+    """Numbers the schema types accept but the stages cannot use (a zero that would divide,
+    a negative size, a rate out of range): refused here rather than failing inside a job."""
+    _one_of(cfg, "train.nonfinite", ("skip", "stop"))
+    for key in _AT_LEAST_ONE:
+        value = value_at(cfg, key)
+        _require(value is None or value >= 1, key, f"{value} must be at least 1")
+    for key in _NOT_NEGATIVE:
+        value = value_at(cfg, key)
+        _require(value >= 0, key, f"{value} must not be negative")
+    for key in _POSITIVE:
+        value = value_at(cfg, key)
+        _require(value > 0 and math.isfinite(value), key, f"{value} must be a positive number")
+    for key in _FRACTION:
+        value = value_at(cfg, key)
+        _require(0 <= value < 1, key, f"{value} must be in [0, 1)")
+    top_p = cfg.eval.top_p
+    _require(0 < top_p <= 1, "eval.top_p", f"{top_p} must be in (0, 1]")
+
+
+# Control characters: a newline would end an #SBATCH line and start a shell command.
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+_SBATCH_OPTION = re.compile(r"[A-Za-z][A-Za-z0-9_-]*")
+_NO_CONTROL = "must not contain a newline or other control character (it goes into a script)"
+# The workdir is in every job's log paths and command line; the rest become #SBATCH options.
+_SCRIPT_KEYS = (
+    "workdir",
+    "cluster.partition",
+    "cluster.cpu_partition",
+    "cluster.account",
+    "cluster.qos",
+)
+
+
+def _validate_script_values(cfg: PipelineConfig) -> None:
+    """Config values that end up in the sbatch scripts submitit writes. submitit quotes each
+    value for the shell, so `x; rm -rf ~` stays one harmless word, but no quoting survives a
+    newline. cluster.setup lines are shell by design: they run as written, like a site's
+    module loads."""
+    for key in _SCRIPT_KEYS:
+        value = value_at(cfg, key)
+        _require(value is None or not _CONTROL.search(str(value)), key, _NO_CONTROL)
+    for name, value in cfg.cluster.sbatch_extra.items():
+        valid = bool(_SBATCH_OPTION.fullmatch(str(name)))
+        _require(valid, "cluster.sbatch_extra", f"{str(name)!r} is not an sbatch option name")
+        key = f"cluster.sbatch_extra.{name}"
+        _require(
+            isinstance(value, (str, int, float)) and value is not False,
+            key,
+            f"{value!r} must be a string, a number or true (a flag)",
+        )
+        _require(not _CONTROL.search(str(value)), key, _NO_CONTROL)

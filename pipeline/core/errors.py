@@ -1,0 +1,24 @@
+"""Failures a user can act on. The command line reports them in one line, without a traceback:
+the message says what happened, where, and what to do."""
+
+from __future__ import annotations
+
+
+class ConfigError(ValueError):
+    """A user mistake in the configuration; the message starts with the key."""
+
+
+class StageError(RuntimeError):
+    """A stage stopped for a reason its message explains."""
+
+
+class OutOfSpace(StageError):
+    """A write failed for lack of space: disk full, quota, or file-size limit."""
+
+
+class NonFinite(StageError):
+    """Training met a loss, gradient or weights that are NaN or infinite."""
+
+
+class RunLocked(RuntimeError):
+    """Another launcher holds the run folder."""

@@ -1,0 +1,137 @@
+"""Atomic writes and completion markers: nothing half-written is ever read.
+
+Every output goes to a temporary name in the same folder, is fsynced, then renamed into place;
+a stage marks itself complete last, so a rerun trusts a marker and redoes anything without one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from pipeline.core.errors import OutOfSpace
+
+# A write that fails with one of these ran out of room: disk full, quota, or file-size limit.
+SPACE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG})
+
+
+def fsync_dir(path: str | os.PathLike) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+@contextlib.contextmanager
+def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
+    """Yield a temporary path beside `path`; on success fsync it and rename it to `path`."""
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    os.close(fd)
+    tmp_path = Path(tmp)
+    try:
+        yield tmp_path
+        with open(tmp_path, "rb+") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp_path, target)
+        fsync_dir(target.parent)
+    finally:
+        tmp_path.unlink(missing_ok=True)
+
+
+def write_text(path: str | os.PathLike, text: str) -> None:
+    with atomic_path(path) as tmp:
+        tmp.write_text(text)
+
+
+def write_json(path: str | os.PathLike, obj: Any) -> None:
+    write_text(path, json.dumps(obj, indent=2, sort_keys=True) + "\n")
+
+
+def read_json(path: str | os.PathLike) -> Any:
+    with open(path) as f:
+        return json.load(f)
+
+
+def read_json_or_none(path: str | os.PathLike) -> Any | None:
+    """The JSON at `path`, or None when it is missing (a complete marker is never partial)."""
+    try:
+        return read_json(path)
+    except FileNotFoundError:
+        return None
+
+
+def sha256(path: str | os.PathLike, chunk: int = 1 << 22) -> str:
+    import hashlib
+
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+def publish(
+    partial: str | os.PathLike, final: str | os.PathLike, suffixes: tuple[str, ...]
+) -> None:
+    """Make finished files visible: fsync PARTIAL+suffix, rename each to FINAL+suffix, fsync the
+    folder. Readers only ever look at the final names."""
+    for suffix in suffixes:
+        with open(f"{partial}{suffix}", "rb+") as f:
+            os.fsync(f.fileno())
+        os.replace(f"{partial}{suffix}", f"{final}{suffix}")
+    fsync_dir(Path(final).parent)
+
+
+def space_error(error: BaseException | None) -> OSError | None:
+    """The out-of-space OSError behind `error` (itself or what it was raised from), if any:
+    torch's writers, for one, wrap it in a RuntimeError."""
+    while error is not None:
+        if isinstance(error, OSError) and error.errno in SPACE_ERRNOS:
+            return error
+        error = error.__cause__ or error.__context__
+    return None
+
+
+def out_of_space_message(cause: OSError, what: str) -> str:
+    return (
+        f"no space left writing {what}: {cause.strerror} ({errno.errorcode[cause.errno]}); "
+        "free space (or raise the quota or file-size limit) and rerun the same command: "
+        "complete outputs are kept"
+    )
+
+
+@contextlib.contextmanager
+def reporting_space(what: str) -> Iterator[None]:
+    """Turn running out of space while writing `what` into one clear OutOfSpace error."""
+    try:
+        yield
+    except Exception as e:
+        cause = space_error(e)
+        if cause is None:
+            raise
+        raise OutOfSpace(out_of_space_message(cause, what)) from e
+
+
+def owned_folder(path: Path, boundary: Path) -> bool:
+    """`path` is a real folder (not a link) whose real location is inside `boundary`: the only
+    kind that cleanup may delete, so it never reaches outside the run folder."""
+    inside = path.resolve().is_relative_to(boundary.resolve())
+    return path.is_dir() and not path.is_symlink() and inside
+
+
+def remove_tree(path: Path, boundary: Path) -> bool:
+    """Delete the folder `path` if it is an owned_folder of `boundary`; returns whether it did."""
+    if not owned_folder(path, boundary):
+        return False
+    shutil.rmtree(path)
+    return True

@@ -1,0 +1,133 @@
+"""Where each step reads and writes inside the run folder (`workdir`): one place for every path."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class RunPaths:
+    root: Path
+
+    @classmethod
+    def of(cls, workdir: str | Path) -> RunPaths:
+        return cls(Path(workdir).expanduser().resolve())
+
+    @property
+    def config(self) -> Path:
+        """The resolved config of the latest launch, read back by `pipeline.status`."""
+        return self.root / "config.yaml"
+
+    @property
+    def jobs(self) -> Path:
+        """Slurm job ids of every submission, newest last."""
+        return self.root / "jobs.json"
+
+    @property
+    def logs(self) -> Path:
+        return self.root / "logs"
+
+    def job_logs(self, step: str) -> Path:
+        """submitit's folder for a step's jobs (%j: the job id)."""
+        return self.logs / "jobs" / step / "%j"
+
+    # tokenize stage
+    @property
+    def corpus_dir(self) -> Path:
+        return self.root / "corpus"
+
+    @property
+    def builtin_corpus(self) -> Path:
+        return self.corpus_dir / "builtin.jsonl"
+
+    @property
+    def tokenizer_dir(self) -> Path:
+        return self.root / "tokenizer"
+
+    @property
+    def tokenizer_model(self) -> Path:
+        return self.tokenizer_dir / "tokenizer.model"
+
+    @property
+    def tokenizer_meta(self) -> Path:
+        """What the tokenizer step recorded; its completion marker."""
+        return self.tokenizer_dir / "tokenizer.json"
+
+    @property
+    def data_dir(self) -> Path:
+        return self.root / "data"
+
+    @property
+    def shard_plan(self) -> Path:
+        return self.data_dir / "plan.json"
+
+    def shard_prefix(self, index: int) -> Path:
+        return self.data_dir / f"shard-{index:05d}"
+
+    def shard_marker(self, index: int) -> Path:
+        return self.data_dir / f"shard-{index:05d}.done.json"
+
+    def shard_rejects(self, index: int) -> Path:
+        return self.data_dir / "rejects" / f"shard-{index:05d}.jsonl"
+
+    @property
+    def manifest(self) -> Path:
+        return self.data_dir / "manifest.json"
+
+    # train stage
+    @property
+    def index_cache(self) -> Path:
+        """megatron-core's dataset index cache for this run's splits (its own, also when the
+        data folder is shared with other runs: the cache depends on the training config)."""
+        return self.root / "index-cache"
+
+    @property
+    def index_done(self) -> Path:
+        return self.index_cache / "DONE.json"
+
+    @property
+    def checkpoints(self) -> Path:
+        return self.root / "checkpoints"
+
+    @property
+    def train_dir(self) -> Path:
+        return self.root / "train"
+
+    @property
+    def metrics(self) -> Path:
+        return self.train_dir / "metrics.jsonl"
+
+    @property
+    def train_done(self) -> Path:
+        return self.train_dir / "DONE.json"
+
+    @property
+    def tensorboard(self) -> Path:
+        return self.train_dir / "tensorboard"
+
+    # evaluate stage
+    @property
+    def eval_dir(self) -> Path:
+        return self.root / "eval"
+
+    @property
+    def eval_sets(self) -> Path:
+        """Extra evaluation sets, tokenized at evaluation time."""
+        return self.eval_dir / "sets"
+
+    @property
+    def eval_done(self) -> Path:
+        return self.eval_dir / "DONE.json"
+
+    @property
+    def report(self) -> Path:
+        return self.root / "report.md"
+
+    @property
+    def report_html(self) -> Path:
+        return self.root / "report.html"
+
+    @property
+    def summary(self) -> Path:
+        return self.root / "summary.json"

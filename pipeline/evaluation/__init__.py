@@ -1,0 +1,2 @@
+"""Evaluation of a trained checkpoint on one device: test and extra-set perplexity, every kept
+checkpoint, text samples, lm-evaluation-harness tasks."""

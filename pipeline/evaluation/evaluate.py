@@ -1,0 +1,187 @@
+"""The evaluation step: loss and perplexity of a checkpoint (the best, by default) on the
+held-out test split and on the extra sets (see pipeline.data.evalsets for what is measured), the
+test loss of every checkpoint kept (eval.all_checkpoints), text samples, lm-evaluation-harness
+tasks, then the report. eval/DONE.json is written last."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import sys
+import time
+from pathlib import Path
+from typing import TypedDict
+
+import torch
+
+from pipeline.config import PipelineConfig
+from pipeline.core import files
+from pipeline.core.paths import RunPaths
+from pipeline.data import evalsets
+from pipeline.data.datasets import load_manifest
+from pipeline.data.tokenizer import load
+from pipeline.evaluation import harness
+from pipeline.evaluation.generate import continuation
+from pipeline.reporting.report import write_report
+from pipeline.runtime.device import resolve_device
+from pipeline.training import checkpoint
+from pipeline.training.engine import Engine
+
+
+def resolve_checkpoint(cfg: PipelineConfig) -> Path:
+    root = RunPaths.of(cfg.workdir).checkpoints
+    choice = str(cfg.eval.checkpoint)
+    if choice in ("best", "latest"):  # each returns a verified checkpoint, or None
+        folder = {"best": checkpoint.best, "latest": checkpoint.latest}[choice](root)
+    else:
+        folder = Path(choice) if checkpoint.is_valid(Path(choice)) else None
+    if folder is None:
+        raise FileNotFoundError(f"eval.checkpoint={choice}: no valid checkpoint under {root}")
+    return folder.resolve()
+
+
+def single_device(cfg: PipelineConfig) -> PipelineConfig:
+    """The run's config for the evaluation job: one process on one GPU, or on the CPU, whatever
+    layout trained the checkpoint (dist_checkpoint reshards the weights as they load)."""
+    parallel = dataclasses.replace(
+        cfg.parallel, tensor=1, pipeline=1, virtual_pipeline=None, sequence_parallel=False
+    )
+    train = dataclasses.replace(cfg.train, recompute="none")  # nothing kept for a backward pass
+    if resolve_device(cfg.train.device) == "cpu":
+        train = dataclasses.replace(train, precision="fp32")  # bf16/fp8 weights read into fp32
+    return dataclasses.replace(cfg, parallel=parallel, train=train)
+
+
+def _samples(cfg: PipelineConfig, model: torch.nn.Module, sp, device: torch.device) -> list[dict]:
+    """Greedy and top-k/top-p continuations of the configured prompts, with their token ids."""
+    e = cfg.eval
+    out = []
+    for prompt in e.prompts:
+        common = dict(
+            max_new_tokens=e.max_new_tokens, seq_length=cfg.model.seq_length, device=device
+        )
+        greedy = continuation(model, sp, prompt, **common)
+        sampled = continuation(
+            model, sp, prompt, top_k=e.top_k, top_p=e.top_p, seed=cfg.train.seed, **common
+        )
+        out.append(
+            {
+                "prompt": prompt,
+                "greedy": sp.decode(greedy),
+                "greedy_ids": greedy,
+                "sampled": sp.decode(sampled),
+                "sampled_ids": sampled,
+            }
+        )
+    return out
+
+
+def _micro_batch_size(cfg: PipelineConfig) -> int:
+    return cfg.eval.micro_batch_size or cfg.train.micro_batch_size
+
+
+def _measure(engine, evalset: evalsets.EvalSet, cfg: PipelineConfig) -> dict:
+    loss, tokens = engine.loss_over(evalset.windows, _micro_batch_size(cfg), cfg.eval.max_batches)
+    result = {
+        "loss": loss,
+        "ppl": math.exp(loss),
+        "tokens": tokens,
+        "documents": evalset.documents,
+        "windows": evalset.windows.windows,
+    }
+    if evalset.name != "test":
+        result.update(files=evalset.files, rejected=evalset.rejected)
+    return result
+
+
+def _every_checkpoint(
+    cfg: PipelineConfig, engine, test: evalsets.EvalSet, best: Path, best_result: dict
+) -> list[dict]:
+    """Test loss of each valid checkpoint kept by retention, by step (the engine ends up holding
+    the last one's weights)."""
+    rows = []
+    for folder in checkpoint.finished(RunPaths.of(cfg.workdir).checkpoints):
+        if folder.resolve() == best:  # verified when it was chosen
+            result = best_result
+        elif not checkpoint.is_valid(folder):
+            continue
+        else:
+            checkpoint.load(folder, engine.backend, engine.chunks, None)
+            result = _measure(engine, test, cfg)
+        state = files.read_json(folder / "state.json")
+        rows.append(
+            {
+                "checkpoint": folder.name,
+                "step": state["step"],
+                "val_loss": state.get("val_loss"),
+                "test_loss": result["loss"],
+                "test_ppl": result["ppl"],
+            }
+        )
+    return rows
+
+
+class EvaluationRecord(TypedDict, total=False):
+    """eval/DONE.json: what the evaluation measured, and for which eval settings."""
+
+    checkpoint: str
+    checkpoint_step: int
+    test_loss: float
+    test_ppl: float
+    test_tokens: int
+    sets: dict[str, dict]  # by set name, "test" first
+    samples: list[dict]
+    harness: dict
+    config: dict  # the eval section it was made with
+    checkpoints: list[dict]  # eval.all_checkpoints
+    gpus: int
+    checkpoint_layout: dict
+    seconds: float
+
+
+def evaluate(cfg: PipelineConfig) -> EvaluationRecord:
+    """Measure, sample, write the report, then eval/DONE.json (every time it is called)."""
+    paths = RunPaths.of(cfg.workdir)
+    started = time.time()
+    manifest = load_manifest(paths)
+    folder = resolve_checkpoint(cfg)
+    # the vocabulary as padded for the checkpoint's tensor-parallel size (older saves: ours)
+    written = files.read_json(folder / "state.json").get("layout", {})
+    engine = Engine(single_device(cfg), written.get("padded_vocab_size", manifest["vocab_size"]))
+    sp = load(manifest["tokenizer"])
+    # whole micro-batches on every data-parallel rank: the sets are padded with masked windows
+    multiple = _micro_batch_size(cfg) * engine.dp_size
+    sets = [evalsets.test_split(cfg, manifest, multiple)]
+    sets += [evalsets.extra_set(cfg, name, sp, multiple) for name in cfg.eval.extra_sets]
+    if not sets[0].windows.windows:
+        raise RuntimeError(f"data.split={cfg.data.split}: the test split holds no tokens")
+    step = checkpoint.load(folder, engine.backend, engine.chunks, None)["step"]
+    measured = {s.name: _measure(engine, s, cfg) for s in sets}
+    test = measured["test"]
+    model = engine.chunks[0]
+    result: EvaluationRecord = {
+        "checkpoint": str(folder),
+        "checkpoint_step": step,
+        "test_loss": test["loss"],
+        "test_ppl": test["ppl"],
+        "test_tokens": test["tokens"],
+        "sets": measured,
+        "samples": _samples(cfg, model, sp, engine.device),
+        "harness": harness.run(cfg, model, sp, engine.device),
+        "config": dataclasses.asdict(cfg.eval),  # what this result is for
+    }
+    if cfg.eval.all_checkpoints:
+        result["checkpoints"] = _every_checkpoint(cfg, engine, sets[0], folder, test)
+    result["gpus"] = 1 if engine.device.type == "cuda" else 0
+    result["checkpoint_layout"] = written
+    result["seconds"] = round(time.time() - started, 2)
+    if engine.rank.is_first:
+        for name, r in measured.items():
+            print(
+                f"{name} loss {r['loss']:.4f}, perplexity {r['ppl']:.2f} over {r['tokens']} "
+                f"tokens ({folder.name})",
+                file=sys.stderr,
+            )
+        write_report(paths, result)
+        files.write_json(paths.eval_done, result)  # last: the marker of a complete evaluation
+    return result

@@ -1,0 +1,240 @@
+"""The CPU backend: megatron-core's local layer spec with torch's attention, rotary embeddings
+kept on the CPU, torch AdamW over gloo, checkpoints in megatron-core's distributed format."""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from pipeline.config import PipelineConfig, TrainConfig
+from pipeline.model import dist_checkpoint
+from pipeline.runtime.device import cuda_allocations_on_cpu, cuda_calls_on_cpu
+
+
+class SDPAttention(torch.nn.Module):
+    """Core attention through torch's scaled_dot_product_attention, which runs anywhere; it
+    replaces megatron-core's DotProductAttention, whose buffers live on CUDA."""
+
+    def __init__(
+        self,
+        config,
+        layer_number,
+        attn_mask_type,
+        attention_type,
+        attention_dropout=None,
+        softmax_scale=None,
+        cp_comm_type=None,
+        pg_collection=None,
+    ):
+        super().__init__()
+        self.config = config
+        self.dropout = config.attention_dropout if attention_dropout is None else attention_dropout
+        self.scale = softmax_scale
+
+    def forward(
+        self,
+        query,
+        key,
+        value,
+        attention_mask,
+        attn_mask_type=None,
+        attention_bias=None,
+        packed_seq_params=None,
+    ):
+        # megatron-core passes [seq, batch, heads, dim]; SDPA wants [batch, heads, seq, dim]
+        q, k, v = (t.permute(1, 2, 0, 3) for t in (query, key, value))
+        if k.shape[1] != q.shape[1]:  # grouped-query attention: share each key/value head
+            repeat = q.shape[1] // k.shape[1]
+            k, v = k.repeat_interleave(repeat, dim=1), v.repeat_interleave(repeat, dim=1)
+        mask = None if attention_mask is None else ~attention_mask  # megatron: True = masked
+        out = F.scaled_dot_product_attention(
+            q,
+            k,
+            v,
+            attn_mask=mask,
+            is_causal=mask is None,
+            dropout_p=self.dropout if self.training else 0.0,
+            scale=self.scale,
+        )
+        b, h, s, d = out.shape
+        return out.permute(2, 0, 1, 3).reshape(s, b, h * d)
+
+
+def _cpu_rotary_class():
+    from megatron.core.models.common.embeddings.rotary_pos_embedding import RotaryEmbedding
+
+    class CpuRotaryEmbedding(RotaryEmbedding):
+        """RotaryEmbedding.get_emb moves its frequencies to the CUDA device; here they stay."""
+
+        def get_emb(self, max_seq_len: int, offset: int = 0) -> torch.Tensor:
+            freqs = self.get_freqs_non_repeated(max_seq_len, offset)
+            if self.rotary_interleaved:
+                emb = torch.stack((freqs.view(-1, 1), freqs.view(-1, 1)), dim=-1)
+                emb = emb.view(freqs.shape[0], -1)
+            else:
+                emb = torch.cat((freqs, freqs), dim=-1)
+            return emb[:, None, None, :]
+
+    return CpuRotaryEmbedding
+
+
+class DataParallelAdamW:
+    """torch AdamW over this rank's shard of the model: averages gradients across the
+    data-parallel group (gloo), clips them by the whole model's norm, and skips a step whose
+    gradient is not finite. Same contract as megatron-core's optimizers: step() -> (updated,
+    grad_norm)."""
+
+    def __init__(self, chunks: list[torch.nn.Module], t: TrainConfig):
+        from megatron.core import parallel_state
+
+        self.params = [p for c in chunks for p in c.parameters() if p.requires_grad]
+        decay = [p for p in self.params if p.ndim >= 2]
+        no_decay = [p for p in self.params if p.ndim < 2]  # norms and biases
+        self.optimizer = torch.optim.AdamW(
+            [{"params": decay, "wd_mult": 1.0}, {"params": no_decay, "wd_mult": 0.0}],
+            lr=t.lr,
+            betas=(t.adam_beta1, t.adam_beta2),
+            eps=t.adam_eps,
+            weight_decay=t.weight_decay,
+        )
+        self.clip = t.clip_grad
+        self.dp_group = parallel_state.get_data_parallel_group()
+        self.dp_size = parallel_state.get_data_parallel_world_size()
+        self.mp_group = parallel_state.get_model_parallel_group()
+        self.mp_size = torch.distributed.get_world_size(self.mp_group)
+
+    @property
+    def param_groups(self) -> list[dict]:
+        return self.optimizer.param_groups
+
+    def zero_grad(self) -> None:
+        for p in self.params:
+            p.grad = None
+
+    def step(self) -> tuple[bool, float]:
+        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params]
+        if self.dp_size > 1:
+            flat = torch.cat([g.reshape(-1) for g in grads])
+            torch.distributed.all_reduce(flat, group=self.dp_group)
+            flat /= self.dp_size
+            grads = list(flat.split([g.numel() for g in grads]))
+        for p, g in zip(self.params, grads, strict=True):
+            p.grad = g.view_as(p)
+        norm = self._grad_norm()
+        if not math.isfinite(norm):
+            return False, norm
+        if self.clip:
+            torch.nn.utils.clip_grads_with_norm_(self.params, self.clip, torch.tensor(norm))
+        self.optimizer.step()
+        return True, norm
+
+    def _grad_norm(self) -> float:
+        """The norm of the whole model's gradient: each tensor-parallel shard once, a weight
+        copied on every tensor-parallel rank (norms, biases) once, all pipeline stages."""
+        from megatron.core.tensor_parallel import param_is_not_tensor_parallel_duplicate
+
+        own = [p.grad for p in self.params if param_is_not_tensor_parallel_duplicate(p)]
+        zero = torch.zeros((), dtype=torch.float64)
+        squared = torch.nn.utils.get_total_norm(own).double() ** 2 if own else zero
+        if self.mp_size > 1:
+            torch.distributed.all_reduce(squared, group=self.mp_group)
+        return float(squared.sqrt())
+
+    def state_dict(self) -> dict:
+        return self.optimizer.state_dict()
+
+    def load_state_dict(self, state: dict) -> None:
+        self.optimizer.load_state_dict(state)
+
+
+def _save(obj: Any, path: Path) -> None:
+    """torch.save through a Python file, so that a failed write (disk full) keeps its OSError
+    behind torch's RuntimeError; given a path, torch reports only a position mismatch."""
+    with open(path, "wb") as f:
+        torch.save(obj, f)
+
+
+class CpuBackend:
+    name = "cpu"
+    device = torch.device("cpu")
+    reshards_optimizer = False  # torch AdamW state belongs to this rank's shard of the model
+
+    def transformer_options(self, cfg: PipelineConfig) -> dict[str, Any]:
+        if cfg.train.precision != "fp32":
+            raise ValueError(f"train.precision={cfg.train.precision} needs a GPU; use fp32 on CPU")
+        if cfg.parallel.pipeline > 1 and not cfg.model.untie_embeddings:
+            # megatron-core moves the output layer's copy of a tied embedding to CUDA
+            raise ValueError("parallel.pipeline>1 on CPU needs model.untie_embeddings=true")
+        return dict(
+            use_cpu_initialization=True,
+            perform_initialization=True,
+            bias_activation_fusion=False,
+            bias_dropout_fusion=False,
+            masked_softmax_fusion=False,
+            persist_layer_norm=False,
+            gradient_accumulation_fusion=False,
+            apply_rope_fusion=False,
+            cross_entropy_loss_fusion=False,
+        )
+
+    def layer_spec(self, cfg: PipelineConfig, config, vp_stage: int | None):
+        from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+        from megatron.core.transformer.torch_norm import WrappedTorchNorm
+        from megatron.core.transformer.transformer_block import (
+            TransformerBlockSubmodules,
+            get_num_layers_to_build,
+        )
+
+        layer = get_gpt_layer_local_spec(normalization=cfg.model.normalization)
+        layer.submodules.self_attention.submodules.core_attention = SDPAttention
+        # the final norm too: given a layer spec, megatron-core takes Transformer Engine's
+        # whenever TE is importable (as on a GPU host running a CPU job), and TE's needs CUDA
+        return TransformerBlockSubmodules(
+            layer_specs=[layer] * get_num_layers_to_build(config, vp_stage=vp_stage),
+            layer_norm=WrappedTorchNorm,
+        )
+
+    def adapt_model(self, model: torch.nn.Module) -> torch.nn.Module:
+        rotary = getattr(model, "rotary_pos_emb", None)
+        if rotary is not None and type(rotary).__name__ == "RotaryEmbedding":
+            rotary.__class__ = _cpu_rotary_class()
+        return model
+
+    def wrap(self, chunks: list[torch.nn.Module], cfg: PipelineConfig) -> list[torch.nn.Module]:
+        return chunks  # gradients are averaged by the optimizer
+
+    def optimizer(self, chunks: list[torch.nn.Module], cfg: PipelineConfig) -> DataParallelAdamW:
+        return DataParallelAdamW(chunks, cfg.train)
+
+    def schedule_context(self) -> contextlib.AbstractContextManager:
+        stack = contextlib.ExitStack()
+        stack.enter_context(cuda_allocations_on_cpu())
+        stack.enter_context(cuda_calls_on_cpu())  # pipeline stages send and receive over gloo
+        return stack
+
+    def save(self, folder: Path, chunks: list[torch.nn.Module], optimizer: Any) -> None:
+        from megatron.core import parallel_state
+
+        dist_checkpoint.save(folder, dist_checkpoint.model_state(chunks), on_cpu=True)
+        if optimizer is not None and parallel_state.get_data_parallel_rank() == 0:
+            # data-parallel replicas hold the same optimizer state: one file per model shard
+            _save(optimizer.state_dict(), folder / _optimizer_file())
+
+    def load(self, folder: Path, chunks: list[torch.nn.Module], optimizer: Any | None) -> None:
+        dist_checkpoint.load_weights(folder, chunks)
+        if optimizer is not None:
+            state = torch.load(folder / _optimizer_file(), map_location="cpu", weights_only=False)
+            optimizer.load_state_dict(state)
+
+
+def _optimizer_file() -> str:
+    """This rank's optimizer file, named by its tensor- and pipeline-parallel rank."""
+    from megatron.core import parallel_state as ps
+
+    tp, pp = ps.get_tensor_model_parallel_rank(), ps.get_pipeline_model_parallel_rank()
+    return f"optimizer_tp{tp:02d}_pp{pp:02d}.pt"

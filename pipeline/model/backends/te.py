@@ -1,0 +1,262 @@
+"""The GPU backend: Transformer Engine layers and fused kernels, megatron-core's
+DistributedDataParallel and distributed optimizer (TE's fused Adam), mixed precision
+(bf16, fp16 with dynamic loss scaling, fp8 through TE recipes) and distributed checkpoints."""
+
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from pipeline.config import PipelineConfig
+from pipeline.model import dist_checkpoint
+from pipeline.model.sizes import params_dtype
+from pipeline.runtime import distributed
+
+# Two fp8 recipes users ask for by name: delayed scaling (amax history) and per-tensor current
+# scaling ("tensorwise").
+FP8_RECIPES = {"delayed": "delayed", "tensorwise": "tensorwise"}
+
+
+def _apex_available() -> bool:
+    try:
+        import fused_weight_gradient_mlp_cuda  # noqa: F401  (NVIDIA apex, never the PyPI "apex")
+    except ImportError:
+        return False
+    return True
+
+
+def _require_fp8() -> None:
+    """fp8 GEMMs need Transformer Engine's fp8 support on this GPU (compute capability 8.9+)."""
+    import transformer_engine.pytorch as te
+
+    if not te.is_fp8_available():
+        name = torch.cuda.get_device_name()
+        cc = ".".join(map(str, torch.cuda.get_device_capability()))
+        raise RuntimeError(
+            f"train.precision=fp8: Transformer Engine reports no fp8 support on {name} "
+            f"(compute capability {cc}; fp8 needs 8.9 or newer); use bf16"
+        )
+
+
+class TransformerEngineBackend:
+    name = "transformer_engine"
+    reshards_optimizer = True  # megatron-core's optimizer state is saved fully reshardable
+
+    def __init__(self) -> None:
+        import transformer_engine  # noqa: F401  (fail early and clearly when it is missing)
+
+        self.device = torch.device("cuda", distributed.from_env().local_rank)
+
+    def transformer_options(self, cfg: PipelineConfig) -> dict[str, Any]:
+        t = cfg.train
+        if t.precision == "fp8":
+            _require_fp8()
+        options: dict[str, Any] = dict(
+            use_cpu_initialization=cfg.train.init_on_cpu,
+            # the fused bias-GeLU kernel needs a bias; SwiGLU fuses without one
+            bias_activation_fusion=cfg.model.add_bias_linear or cfg.model.activation == "swiglu",
+            bias_dropout_fusion=True,
+            masked_softmax_fusion=True,
+            persist_layer_norm=True,
+            apply_rope_fusion=cfg.model.position_embedding == "rope",
+            cross_entropy_loss_fusion=True,
+            cross_entropy_fusion_impl="te",
+            gradient_accumulation_fusion=_apex_available(),
+            deallocate_pipeline_outputs=True,
+        )
+        if t.te_activation:  # TE's activation kernels replace megatron-core's bias fusion
+            options.update(use_te_activation_func=True, bias_activation_fusion=False)
+        if t.precision == "fp8":
+            options.update(
+                fp8="hybrid",
+                fp8_recipe=FP8_RECIPES[t.fp8_recipe],
+                fp8_amax_history_len=1024,
+                fp8_amax_compute_algo="max",
+            )
+        return options
+
+    def layer_spec(self, cfg: PipelineConfig, config, vp_stage: int | None):
+        from megatron.core.models.gpt.gpt_layer_specs import (
+            get_gpt_layer_with_transformer_engine_spec,
+        )
+
+        spec = get_gpt_layer_with_transformer_engine_spec(
+            use_te_activation_func=cfg.train.te_activation
+        )
+        if cfg.train.te_activation:
+            spec.submodules.mlp.submodules.activation_func = CheckpointableTEActivation
+        return spec
+
+    def adapt_model(self, model: torch.nn.Module) -> torch.nn.Module:
+        return model
+
+    def wrap(self, chunks: list[torch.nn.Module], cfg: PipelineConfig) -> list[torch.nn.Module]:
+        from megatron.core.distributed import (
+            DistributedDataParallel,
+            DistributedDataParallelConfig,
+            finalize_model_grads,
+        )
+        from megatron.core.transformer.module import Float16Module
+
+        config = chunks[0].config
+        if config.fp16 or config.bf16:
+            chunks = [Float16Module(config, c) for c in chunks]
+        ddp_config = DistributedDataParallelConfig(
+            grad_reduce_in_fp32=True,
+            overlap_grad_reduce=cfg.parallel.overlap_grad_reduce,
+            use_distributed_optimizer=cfg.parallel.distributed_optimizer,
+        )
+        wrapped = [
+            DistributedDataParallel(
+                config=config, ddp_config=ddp_config, module=c, disable_bucketing=i > 0
+            )
+            for i, c in enumerate(chunks)
+        ]
+        for chunk in wrapped:
+            chunk.broadcast_params()  # identical weights on every data-parallel rank
+        if cfg.train.wgrad_fusion and not config.gradient_accumulation_fusion:
+            _fuse_wgrad_accumulation(wrapped)
+        no_sync = [c.no_sync for c in wrapped]
+        config.no_sync_func = no_sync[0] if len(no_sync) == 1 else no_sync
+        config.finalize_model_grads_func = finalize_model_grads
+        if cfg.parallel.overlap_grad_reduce:
+            start = [c.start_grad_sync for c in wrapped]
+            config.grad_sync_func = start[0] if len(start) == 1 else start
+        return wrapped
+
+    def optimizer(self, chunks: list[torch.nn.Module], cfg: PipelineConfig):
+        from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+
+        t = cfg.train
+        config = OptimizerConfig(
+            optimizer="adam",
+            lr=t.lr,
+            min_lr=t.min_lr,
+            weight_decay=t.weight_decay,
+            adam_beta1=t.adam_beta1,
+            adam_beta2=t.adam_beta2,
+            adam_eps=t.adam_eps,
+            clip_grad=t.clip_grad,
+            bf16=t.precision in ("bf16", "fp8"),
+            fp16=t.precision == "fp16",
+            params_dtype=params_dtype(t.precision),
+            loss_scale=None,  # fp16: dynamic loss scaling
+            initial_loss_scale=2.0**16,
+            use_distributed_optimizer=cfg.parallel.distributed_optimizer,
+        )
+        return _StepAdapter(get_megatron_optimizer(config, chunks), chunks, t.precision == "fp16")
+
+    def schedule_context(self) -> contextlib.AbstractContextManager:
+        return contextlib.nullcontext()
+
+    def _sharded_state(self, chunks, optimizer, loading: bool) -> dict:
+        state = dist_checkpoint.model_state(chunks)
+        if optimizer is not None:
+            # fully reshardable: a checkpoint saved under one layout resumes under another
+            state["optimizer"] = optimizer.inner.sharded_state_dict(
+                dict(state),
+                is_loading=loading,
+                metadata={"distrib_optim_sharding_type": "fully_reshardable"},
+            )
+        return state
+
+    def save(self, folder: Path, chunks: list[torch.nn.Module], optimizer: Any) -> None:
+        dist_checkpoint.save(folder, self._sharded_state(chunks, optimizer, False))
+
+    def load(self, folder: Path, chunks: list[torch.nn.Module], optimizer: Any | None) -> None:
+        if optimizer is None:  # the weights alone, from any layout or layer spec
+            dist_checkpoint.load_weights(folder, chunks)
+            return
+        state = dist_checkpoint.load(folder, self._sharded_state(chunks, optimizer, True))
+        for i, chunk in enumerate(chunks):
+            key = dist_checkpoint.chunk_key(i, len(chunks))
+            dist_checkpoint.unwrap(chunk).load_state_dict(state[key])
+        optimizer.inner.load_state_dict(state["optimizer"])
+
+
+class CheckpointableTEActivation:
+    """Transformer Engine's activation op (SwiGLU, GeLU) as megatron-core builds it, plus the
+    sharded_state_dict that megatron-core 0.16.1's MLP asks each submodule for and TE's op
+    lacks: its state (fp8 scaling, if any) saved as replicated, as for any plain module."""
+
+    def __new__(cls, config):
+        from megatron.core.extensions.transformer_engine import TEActivationOp
+        from megatron.core.transformer.utils import (
+            ensure_metadata_has_dp_cp_group,
+            make_sharded_tensors_for_checkpoint,
+        )
+
+        layer = TEActivationOp(config)
+
+        def sharded_state_dict(prefix="", sharded_offsets=(), metadata=None) -> dict:
+            metadata = ensure_metadata_has_dp_cp_group(metadata)
+            state = layer.state_dict(prefix="", keep_vars=True)
+            return make_sharded_tensors_for_checkpoint(
+                state, prefix, {}, sharded_offsets, dp_cp_group=metadata["dp_cp_group"]
+            )
+
+        layer.sharded_state_dict = sharded_state_dict
+        return layer
+
+
+def _fuse_wgrad_accumulation(chunks: list[torch.nn.Module]) -> None:
+    """Let Transformer Engine's layers add their weight gradients straight into the fp32 main
+    gradients that DistributedDataParallel allocated (one GEMM, no bf16 copy and no separate
+    add). megatron-core enables this only with apex, which its own output layer needs; TE's
+    layers do it themselves, so switch them alone, now that main_grad exists."""
+    for chunk in chunks:
+        for module in chunk.modules():
+            weights = [p for n, p in module.named_parameters(recurse=False) if "weight" in n]
+            if (
+                hasattr(module, "fuse_wgrad_accumulation")
+                and weights
+                and all(hasattr(w, "main_grad") for w in weights)
+            ):
+                module.fuse_wgrad_accumulation = True
+
+
+def _grads_finite(chunks: list[torch.nn.Module]) -> bool:
+    """No NaN or inf in this rank's gradients (megatron-core's DDP keeps them in main_grad)."""
+    grads = [
+        p.main_grad if hasattr(p, "main_grad") else p.grad
+        for chunk in chunks
+        for p in chunk.parameters()
+    ]
+    grads = [g for g in grads if g is not None]
+    # one fused pass (foreach kernels) instead of a check per tensor: this runs every step
+    return not grads or bool(torch.isfinite(torch.nn.utils.get_total_norm(grads)))
+
+
+class _StepAdapter:
+    """megatron-core's optimizer under the contract the loop uses: step() -> (updated, norm).
+    A step whose gradient is not finite on any rank is skipped by every rank: megatron-core's
+    bf16 and fp32 optimizers would apply it (only fp16 loss scaling checks, and lowers its
+    scale, so fp16 is left to it)."""
+
+    def __init__(self, inner, chunks: list[torch.nn.Module], fp16: bool) -> None:
+        self.inner = inner
+        self.chunks = chunks
+        self.fp16 = fp16
+
+    @property
+    def param_groups(self) -> list[dict]:
+        return self.inner.param_groups
+
+    def zero_grad(self) -> None:
+        self.inner.zero_grad()
+
+    def step(self) -> tuple[bool, float]:
+        device = next(self.chunks[0].parameters()).device
+        if not self.fp16 and distributed.any_rank(not _grads_finite(self.chunks), device):
+            return False, float("nan")
+        updated, grad_norm, _ = self.inner.step()
+        return bool(updated), float(grad_norm) if grad_norm is not None else float("nan")
+
+    def state_dict(self) -> dict:
+        return self.inner.state_dict()
+
+    def load_state_dict(self, state: dict) -> None:
+        self.inner.load_state_dict(state)

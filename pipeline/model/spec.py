@@ -1,0 +1,82 @@
+"""The model: megatron-core's GPTModel, built from the config with the backend's layer spec."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from pipeline.config import PipelineConfig
+from pipeline.model.sizes import ffn_hidden_size, padded_vocab, params_dtype
+
+if TYPE_CHECKING:
+    from megatron.core.models.gpt import GPTModel
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    from pipeline.model.backends.base import Backend
+
+
+def transformer_config(cfg: PipelineConfig, backend: Backend) -> TransformerConfig:
+    import torch.nn.functional as F
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    m, p, t = cfg.model, cfg.parallel, cfg.train
+    dtype = params_dtype(t.precision)
+    recompute = {}
+    if t.recompute == "selective":
+        recompute = dict(recompute_granularity="selective")
+    elif t.recompute == "full":
+        recompute = dict(
+            recompute_granularity="full",
+            recompute_method="block",
+            recompute_num_layers=t.recompute_layers or m.num_layers // p.pipeline,
+        )
+    return TransformerConfig(
+        num_layers=m.num_layers,
+        hidden_size=m.hidden_size,
+        num_attention_heads=m.num_attention_heads,
+        num_query_groups=m.num_query_groups or m.num_attention_heads,
+        ffn_hidden_size=ffn_hidden_size(m),
+        gated_linear_unit=m.activation == "swiglu",
+        activation_func=F.silu if m.activation == "swiglu" else F.gelu,
+        normalization=m.normalization,
+        add_bias_linear=m.add_bias_linear,
+        init_method_std=m.init_method_std,
+        hidden_dropout=m.hidden_dropout,
+        attention_dropout=m.attention_dropout,
+        tensor_model_parallel_size=p.tensor,
+        pipeline_model_parallel_size=p.pipeline,
+        virtual_pipeline_model_parallel_size=p.virtual_pipeline,
+        sequence_parallel=p.sequence_parallel,
+        bf16=t.precision in ("bf16", "fp8"),
+        fp16=t.precision == "fp16",
+        params_dtype=dtype,
+        pipeline_dtype=dtype,
+        **recompute,
+        **backend.transformer_options(cfg),
+    )
+
+
+def build(
+    cfg: PipelineConfig,
+    vocab_size: int,
+    backend: Backend,
+    pre_process: bool = True,
+    post_process: bool = True,
+    vp_stage: int | None = None,
+) -> GPTModel:
+    from megatron.core.models.gpt import GPTModel
+
+    m = cfg.model
+    config = transformer_config(cfg, backend)
+    model = GPTModel(
+        config=config,
+        transformer_layer_spec=backend.layer_spec(cfg, config, vp_stage),
+        vocab_size=padded_vocab(vocab_size, m, cfg.parallel.tensor),
+        max_sequence_length=m.max_position_embeddings or m.seq_length,
+        pre_process=pre_process,
+        post_process=post_process,
+        share_embeddings_and_output_weights=not m.untie_embeddings,
+        position_embedding_type=m.position_embedding,
+        rotary_base=m.rotary_base,
+        vp_stage=vp_stage,
+    )
+    return backend.adapt_model(model)

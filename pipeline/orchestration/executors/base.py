@@ -1,0 +1,58 @@
+"""What every executor shares: the interface, the resources a step's placement asks for on
+this cluster, and how an interrupted step ends the chain."""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from pipeline.config import PipelineConfig
+from pipeline.config.derived import tasks_per_node
+from pipeline.core.errors import StageError
+from pipeline.core.steps import Interrupted, Placement, Step
+
+
+class Executor(Protocol):
+    name: str
+
+    def run(self, steps: list[Step], cfg: PipelineConfig) -> None:
+        """Run, or submit, the steps in order, each after the one before has succeeded."""
+        ...
+
+
+@dataclass(frozen=True)
+class Resources:
+    time_limit: str
+    nodes: int = 1
+    tasks_per_node: int = 1  # processes per node (one per GPU for training)
+    gpus_per_node: int = 0
+    requeue: bool = False  # saves and requeues itself when signalled before its time limit
+
+    @property
+    def ranks(self) -> int:
+        return self.nodes * self.tasks_per_node
+
+
+def resources(step: Step, cfg: PipelineConfig) -> Resources:
+    """What a step's placement means on the configured cluster."""
+    c = cfg.cluster
+    if step.placement is Placement.TRAINING_RANKS:
+        return Resources(c.time_limit, c.nodes, tasks_per_node(c), c.gpus_per_node, requeue=True)
+    if step.placement is Placement.ONE_DEVICE:
+        return Resources(c.time_limit, gpus_per_node=min(1, c.gpus_per_node))
+    return Resources(c.cpu_time_limit)  # CPU, and each task of an ARRAY
+
+
+def say(text: str) -> None:
+    print(f"[pipeline] {text}", file=sys.stderr, flush=True)
+
+
+def stop_if_interrupted(step: Step, result: Any) -> None:
+    """A step that saved and stopped on a signal ends the chain here: the steps after it must
+    not run on its unfinished outputs (evaluating a half-trained model, say)."""
+    if isinstance(result, Interrupted):
+        raise StageError(
+            f"{step.name}: stopped by a signal at step {result.step} after saving; "
+            "rerun the same command to resume"
+        )

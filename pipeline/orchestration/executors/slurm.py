@@ -1,0 +1,107 @@
+"""cluster.executor=slurm: every step submitted at once through submitit, each held by an
+`afterok` dependency on the one before, so the chain runs unattended and a failure cancels
+what depends on it (--kill-on-invalid-dep=yes). The only module that talks to submitit's
+Slurm side."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pipeline.config import PipelineConfig
+from pipeline.config.derived import slurm_minutes
+from pipeline.core.paths import RunPaths
+from pipeline.core.steps import Placement, Step
+from pipeline.orchestration import slurm_queue
+from pipeline.orchestration.executors.base import resources, say
+from pipeline.orchestration.tasks import ArrayTask, DistributedTask
+
+
+def slurm_parameters(cfg: PipelineConfig, step: Step) -> dict[str, Any]:
+    """sbatch options for one step: its resources from its placement, the rest from
+    conf/cluster."""
+    c = cfg.cluster
+    needs = resources(step, cfg)
+    extra = {"kill-on-invalid-dep": "yes", **dict(c.sbatch_extra)}
+    extra.update({key: getattr(c, key) for key in ("account", "qos") if getattr(c, key)})
+    on_gpus = needs.gpus_per_node > 0
+    params = dict(
+        job_name=f"pretrain-{step.name}",
+        partition=c.partition if on_gpus or not c.cpu_partition else c.cpu_partition,
+        nodes=needs.nodes,
+        ntasks_per_node=needs.tasks_per_node,
+        cpus_per_task=c.cpus_per_task,
+        gpus_per_node=needs.gpus_per_node or None,
+        mem=f"{c.mem_gb}G" if c.mem_gb else None,
+        time=slurm_minutes(needs.time_limit, "cluster.time_limit"),
+        setup=list(c.setup),
+        array_parallelism=c.array_parallelism,
+        additional_parameters=extra,
+    )
+    if needs.requeue:
+        # Slurm signals every task this long before the time limit; the loop saves and requeues.
+        params["signal_delay_s"] = cfg.train.exit_signal_lead_s
+        extra["requeue"] = True
+    return {k: v for k, v in params.items() if v is not None}
+
+
+def _executor(cfg: PipelineConfig, step: Step, after: str | None):
+    import submitit
+
+    executor = submitit.SlurmExecutor(folder=str(RunPaths.of(cfg.workdir).job_logs(step.name)))
+    params = slurm_parameters(cfg, step)
+    if after:
+        params["additional_parameters"]["dependency"] = f"afterok:{after}"
+    if step.placement is Placement.ARRAY:
+        params["array_parallelism"] = min(step.tasks(cfg), cfg.cluster.array_parallelism)
+    executor.update_parameters(**params)
+    return executor
+
+
+def script(cfg: PipelineConfig, step: Step, after: str | None) -> str:
+    """The sbatch script submitit would write for `step`, `after` the job it depends on."""
+    executor = _executor(cfg, step, after)
+    # submitit writes the script only as it submits: its own renderer, with a placeholder id
+    text = executor._make_submission_file_text(executor._submitit_command_str, "<id>")
+    if step.placement is Placement.ARRAY:  # submitit adds --array as it submits, too
+        tasks = step.tasks(cfg)
+        parallelism = min(tasks, cfg.cluster.array_parallelism)
+        text = text.replace(
+            "#SBATCH --job-name",
+            f"#SBATCH --array=0-{tasks - 1}%{parallelism}\n#SBATCH --job-name",
+            1,
+        )
+    return text
+
+
+class SlurmExecutor:
+    name = "slurm"
+
+    def run(self, steps: list[Step], cfg: PipelineConfig) -> None:
+        paths = RunPaths.of(cfg.workdir)
+        slurm_queue.record_submission(paths, self.submit(steps, cfg))
+
+    def submit(self, steps: list[Step], cfg: PipelineConfig) -> dict[str, list[str]]:
+        """Every step at once, each held by `afterok` on the one before; returns job ids. A
+        rerun never submits a step twice: it chains onto a job still queued or running."""
+        submitted: dict[str, list[str]] = {}
+        previous: str | None = None
+        active = slurm_queue.active_jobs(RunPaths.of(cfg.workdir))
+        for step in steps:
+            if step.name in active:
+                submitted[step.name] = active[step.name]
+                previous = active[step.name][0].split("_")[0]
+                say(f"{step.name}: job {previous} is still queued or running; not resubmitted")
+                continue
+            executor = _executor(cfg, step, previous)
+            if step.placement is Placement.ARRAY:
+                array = executor.map_array(ArrayTask(step, cfg), range(step.tasks(cfg)))
+                ids = [job.job_id for job in array]
+                previous = ids[0].split("_")[0]
+            else:
+                job = executor.submit(DistributedTask(step, cfg))
+                ids = [job.job_id]
+                previous = job.job_id
+            submitted[step.name] = ids
+            tasks = f" ({len(ids)} array tasks)" if step.placement is Placement.ARRAY else ""
+            say(f"{step.name}: submitted job {previous}{tasks}")
+        return submitted

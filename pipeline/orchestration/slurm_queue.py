@@ -1,0 +1,92 @@
+"""What Slurm says of the run's jobs: the history of submissions (jobs.json), each job's state
+from sacct and squeue, and which steps still have a job queued or running."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import time
+
+from pipeline.core import files
+from pipeline.core.paths import RunPaths
+
+ACTIVE = {"PENDING", "RUNNING", "REQUEUED", "CONFIGURING", "COMPLETING", "SUSPENDED", "RESIZING"}
+FAILED = {
+    "FAILED",
+    "CANCELLED",
+    "TIMEOUT",
+    "NODE_FAIL",
+    "OUT_OF_MEMORY",
+    "PREEMPTED",
+    "BOOT_FAIL",
+    "DEADLINE",
+}
+
+
+def slurm_answers() -> bool:
+    """sbatch is installed and a Slurm controller answers (installed alone is not enough)."""
+    if not shutil.which("sbatch"):
+        return False
+    try:
+        probe = subprocess.run(["sinfo", "-h", "-o", "%P"], capture_output=True, timeout=15)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return probe.returncode == 0
+
+
+def latest_submission(paths: RunPaths) -> dict[str, list[str]]:
+    """Job ids by step of the newest submission (array tasks as ID_N); {} if none."""
+    history = files.read_json_or_none(paths.jobs) or []
+    return history[-1]["jobs"] if history else {}
+
+
+def record_submission(paths: RunPaths, jobs: dict[str, list[str]]) -> None:
+    history = files.read_json_or_none(paths.jobs) or []
+    history.append({"submitted": time.strftime("%Y-%m-%dT%H:%M:%S"), "jobs": jobs})
+    files.write_json(paths.jobs, history)
+
+
+def slurm_states(job_ids: list[str]) -> dict[str, tuple[str, str]]:
+    """job id -> (state, reason) from sacct, falling back to squeue for jobs sacct lacks."""
+    states: dict[str, tuple[str, str]] = {}
+    ids = ",".join(sorted({j.split("_")[0] for j in job_ids}))
+    try:
+        out = subprocess.run(
+            ["sacct", "-n", "-P", "-X", "-j", ids, "-o", "JobID,State,Reason"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        ).stdout
+        for line in out.splitlines():
+            job, state, *reason = line.split("|")
+            states[job] = (state.split()[0], reason[0] if reason else "")
+        out = subprocess.run(
+            ["squeue", "-h", "-j", ids, "-o", "%i|%T|%r"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        ).stdout
+        for line in out.splitlines():
+            job, state, reason = line.split("|")
+            states.setdefault(job, (state, reason))
+    except (OSError, subprocess.TimeoutExpired):
+        pass
+    for job in job_ids:  # array tasks that never started are listed together, as ID_[0-3]
+        base = job.split("_")[0] + "_["
+        grouped = next((v for k, v in states.items() if k.startswith(base)), None)
+        if job not in states and grouped:
+            states[job] = grouped
+    return states
+
+
+def active_jobs(paths: RunPaths) -> dict[str, list[str]]:
+    """Steps of the latest submission whose jobs are still queued or running."""
+    latest = latest_submission(paths)
+    if not latest:
+        return {}
+    states = slurm_states([j for ids in latest.values() for j in ids])
+    return {
+        step: ids
+        for step, ids in latest.items()
+        if any(states.get(j, ("", ""))[0] in ACTIVE for j in ids)
+    }

@@ -1,0 +1,75 @@
+"""The callables a job runs: they turn the job's environment into the standard torch.distributed
+variables, then call a step. Picklable, so submitit can ship them to the job."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from typing import Any
+
+from pipeline.config import PipelineConfig
+from pipeline.core.steps import ArrayStep, Interrupted, Step
+
+
+def export_distributed_env() -> None:
+    """RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT from submitit's job environment."""
+    import submitit
+
+    env = submitit.JobEnvironment()
+    if env.num_tasks > 1:
+        submitit.helpers.TorchDistributedEnvironment().export(set_cuda_visible_devices=False)
+
+
+def share_cpu_threads() -> None:
+    """Ranks of one node share its CPUs: without this each would start a thread per core."""
+    import submitit
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    env = submitit.JobEnvironment()
+    per_node = max(1, env.num_tasks // max(1, env.num_nodes))
+    torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) // per_node))
+
+
+class DistributedTask:
+    """A step run by every task of a job (one, or every training rank)."""
+
+    def __init__(self, step: Step, cfg: PipelineConfig):
+        self.step, self.cfg = step, cfg
+
+    def __call__(self) -> Any:
+        export_distributed_env()
+        share_cpu_threads()
+        result = self.step.run(self.cfg)
+        if isinstance(result, Interrupted) and result.requeue:
+            requeue(self.cfg.train.max_requeues)
+        return result
+
+
+def requeue(max_requeues: int) -> None:
+    """The step saved and stopped before its time limit: put the job back in the queue (once,
+    from the first rank), up to train.max_requeues times. Slurm restarts it under the same job
+    id. Never after SIGTERM: a cancelled job must stay cancelled."""
+    import submitit
+
+    env = submitit.JobEnvironment()
+    if env.cluster != "slurm" or env.global_rank != 0:
+        return
+    restarts = int(os.environ.get("SLURM_RESTART_COUNT", 0))
+    if restarts >= max_requeues:
+        raise RuntimeError(f"not requeued: {restarts} requeues reached train.max_requeues")
+    subprocess.run(["scontrol", "requeue", env.job_id], check=True, timeout=60)
+    print(f"requeued job {env.job_id} (restart {restarts + 1})", file=sys.stderr, flush=True)
+
+
+class ArrayTask:
+    """One task of an array step, called with its index."""
+
+    def __init__(self, step: ArrayStep, cfg: PipelineConfig):
+        self.step, self.cfg = step, cfg
+
+    def __call__(self, index: int) -> Any:
+        os.environ.setdefault("OMP_NUM_THREADS", str(self.cfg.cluster.cpus_per_task))
+        return self.step.run_task(self.cfg, index)

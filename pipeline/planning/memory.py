@@ -1,0 +1,160 @@
+"""Memory per GPU of a parallel layout, following megatron-core's mixed-precision training
+(bf16 weights, fp32 main gradients and Adam state, optionally sharded by the distributed
+optimizer) and the activation estimates of Korthikanti et al., "Reducing Activation
+Recomputation in Large Transformer Models" (2022), adapted to what Transformer Engine keeps
+for backward. tests/gpu compares these with torch.cuda.max_memory_allocated()."""
+
+from __future__ import annotations
+
+import math
+
+from pipeline.config import ModelConfig
+from pipeline.model.parameters import stage_params
+from pipeline.model.sizes import ffn_hidden_size, padded_vocab
+from pipeline.planning.parallel_layout import ParallelLayout
+
+GIB = 2**30
+
+# Memory outside the per-tensor estimates: CUDA context (not seen by torch's allocator), cuBLAS
+# and Transformer Engine workspaces, NCCL buffers, and the caching allocator's fragmentation.
+FIXED_OVERHEAD_BYTES = int(1.5 * GIB)
+
+
+def activation_dtype_bytes(layout: ParallelLayout) -> int:
+    return 4 if layout.precision == "fp32" else 2  # fp8 GEMMs still take bf16 activations
+
+
+def _core_attention_bytes(m: ModelConfig, layout: ParallelLayout, recompute: str) -> float:
+    """What core attention keeps, per micro-batch, before tensor parallelism."""
+    s, b, a = m.seq_length, layout.micro_batch, m.num_attention_heads
+    if recompute == "selective":  # recomputed in backward from Q, K, V, kept anyway
+        return 0.0
+    if layout.fused_kernels and layout.precision != "fp32":
+        return 4.0 * a * s * b  # flash attention: one fp32 log-sum-exp per head and token
+    # unfused: softmax output (+ dropout mask and output): Korthikanti's 5as^2b with dropout
+    e = activation_dtype_bytes(layout)
+    dropout = (1 + e) if m.attention_dropout > 0 else 0
+    return float((e + dropout) * a * s * s * b)
+
+
+def layer_activations(m: ModelConfig, layout: ParallelLayout, recompute: str | None = None) -> int:
+    """Bytes one transformer layer keeps for backward, per micro-batch, on one GPU.
+
+    Korthikanti et al. count s*b*h*(34 + 5*a*s/h) bytes for a GPT-3 layer (bf16, dropout, GeLU
+    MLP of 4h, unfused attention), of which 10*s*b*h stay whole on every tensor-parallel rank
+    unless sequence parallelism splits them. The same terms, from the shapes:
+      whole (split by SP): two norm inputs, two norm outputs kept by the QKV and FC1 GEMMs,
+        two dropout masks (none when hidden_dropout is 0)
+      split by TP: Q, K, V (GQA: K and V have query-groups heads), the attention output (kept
+        by the attention and the output projection), FC1's output (2 x ffn for SwiGLU), the
+        activation's output, core attention (s^2 terms unless flash attention)
+    fp8 keeps the GEMM inputs (norm outputs, activation output) as 1-byte copies, and the
+    attention output once more as one. Full recompute keeps only the layer's input.
+    """
+    recompute = recompute or layout.recompute
+    s, b, h = m.seq_length, layout.micro_batch, m.hidden_size
+    e = activation_dtype_bytes(layout)
+    seq_split = layout.tensor if layout.sequence_parallel else 1
+    if recompute == "full":
+        return math.ceil(e * s * b * h / seq_split)
+    heads = m.num_attention_heads
+    groups = m.num_query_groups or heads
+    head_dim = h // heads
+    ffn = ffn_hidden_size(m)
+    fp8 = layout.precision == "fp8"
+    gemm_input = 1 if fp8 else e
+    masks = 2 if m.hidden_dropout > 0 else 0
+    whole = s * b * h * (2 * e + 2 * gemm_input + masks)
+    qkv = e * s * b * head_dim * (heads + 2 * groups)
+    attention_out = s * b * heads * head_dim * (e + (1 if fp8 else 0))
+    fc1_out = e * s * b * ffn * (2 if m.activation == "swiglu" else 1)
+    act_out = gemm_input * s * b * ffn
+    split = qkv + attention_out + fc1_out + act_out + _core_attention_bytes(m, layout, recompute)
+    return math.ceil(whole / seq_split + split / layout.tensor)
+
+
+def stage_activations(m: ModelConfig, layout: ParallelLayout, recompute: str | None = None) -> int:
+    """One micro-batch's activations over a pipeline stage's layers (per GPU)."""
+    recompute = recompute or layout.recompute
+    layers = m.num_layers // layout.pipeline
+    if recompute != "full":
+        return layers * layer_activations(m, layout, recompute)
+    recomputed = min(layout.recompute_layers or layers, layers)
+    return recomputed * layer_activations(m, layout, "full") + (
+        layers - recomputed
+    ) * layer_activations(m, layout, "none")
+
+
+def micro_batches_in_flight(layout: ParallelLayout, stage: int = 0) -> float:
+    """Micro-batches whose activations a stage holds at its peak under 1F1B: the first stage
+    holds PP of them, the last one; with v virtual stages, in units of a whole stage (the
+    interleaved schedule's warm-up: 2(PP-1-stage) + (v-1)PP + 1 chunks of 1/v stage)."""
+    p, m, v = layout.pipeline, layout.grad_accum, layout.virtual_pipeline or 1
+    if p == 1:
+        return 1.0
+    if v == 1:
+        return float(min(p - stage, m))
+    chunks = min(2 * (p - stage - 1) + (v - 1) * p + 1, m * v)
+    return chunks / v
+
+
+def logits_bytes(m: ModelConfig, vocab_size: int, layout: ParallelLayout) -> int:
+    """The last stage's output at the start of backward: the final norm's input and output
+    (the output layer keeps it), the logits [s, b, vocab/TP], and the output layer's backward
+    temporaries (its input gradient, and its weight gradient in the activation dtype before
+    it is added to the fp32 main gradient). Transformer Engine's fused cross-entropy keeps the
+    logits in bf16 and writes their gradient in place; the unfused one keeps an fp32 copy."""
+    s, b, h = m.seq_length, layout.micro_batch, m.hidden_size
+    e = activation_dtype_bytes(layout)
+    seq_split = layout.tensor if layout.sequence_parallel else 1
+    vocab = padded_vocab(vocab_size, m, layout.tensor) // layout.tensor
+    per_logit = e if layout.fused_kernels else 4
+    final_norm = 2 * e * s * b * h / seq_split
+    backward = e * s * b * h + e * vocab * h
+    return math.ceil(final_norm + per_logit * s * b * vocab + backward)
+
+
+def static_bytes(params: dict[str, int], layout: ParallelLayout) -> dict[str, int]:
+    """Weights, gradients and optimizer state of a GPU holding `params`.
+
+    Mixed precision (bf16/fp16/fp8): bf16 weights, fp32 main gradients (megatron-core's DDP with
+    grad_reduce_in_fp32), fp32 master weights + Adam's two fp32 moments (12 bytes/param), which
+    the distributed optimizer shards over data-parallel ranks. fp8 adds Transformer Engine's
+    cached fp8 weight and its transpose (2 bytes per GEMM weight). fp32: no master copy."""
+    n = params["total"]
+    shards = layout.data if layout.distributed_optimizer else 1
+    if layout.precision == "fp32":
+        weights, optimizer = 4 * n, 8 * n
+    else:
+        weights, optimizer = 2 * n, 12 * n
+        if layout.precision == "fp8":
+            weights += 2 * params["linear_weights"]
+    return {"weights": weights, "gradients": 4 * n, "optimizer": math.ceil(optimizer / shards)}
+
+
+def stage_memory(
+    m: ModelConfig, vocab_size: int, layout: ParallelLayout, stage: int
+) -> dict[str, int]:
+    params = stage_params(m, vocab_size, layout.tensor, layout.pipeline, stage)
+    memory = static_bytes(params, layout)
+    per_micro_batch = stage_activations(m, layout)
+    in_flight = micro_batches_in_flight(layout, stage)
+    memory["activations"] = math.ceil(per_micro_batch * in_flight)
+    last = stage == layout.pipeline - 1
+    memory["logits"] = logits_bytes(m, vocab_size, layout) if last else 0
+    # full recompute: the layer being recomputed holds its whole working set again
+    memory["working"] = layer_activations(m, layout, "none") if layout.recompute == "full" else 0
+    memory["overhead"] = FIXED_OVERHEAD_BYTES
+    memory["total"] = sum(memory.values())
+    memory["activations_per_micro_batch"] = per_micro_batch
+    memory["stage"] = stage
+    return memory
+
+
+def memory_per_gpu(m: ModelConfig, vocab_size: int, layout: ParallelLayout) -> dict[str, int]:
+    """Peak bytes on the busiest GPU (the first or the last pipeline stage): weights, gradients,
+    optimizer, activations (micro-batches in flight), logits, recompute working set, overhead,
+    total; with activations_per_micro_batch and the stage it describes. total - overhead is
+    what torch.cuda.max_memory_allocated() should report."""
+    stages = {0, layout.pipeline - 1}
+    return max((stage_memory(m, vocab_size, layout, s) for s in stages), key=lambda m: m["total"])

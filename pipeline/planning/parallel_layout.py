@@ -1,0 +1,64 @@
+"""A parallel layout: how training spreads over GPUs (tensor, pipeline, data parallelism),
+with the micro-batch, accumulation, recompute and precision that shape its memory and speed."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pipeline.config import PipelineConfig
+from pipeline.config.derived import data_parallel_size, trains_on_gpu
+
+
+@dataclass(frozen=True)
+class ParallelLayout:
+    tensor: int = 1
+    pipeline: int = 1
+    data: int = 1
+    micro_batch: int = 1
+    grad_accum: int = 1
+    recompute: str = "none"  # none | selective | full
+    recompute_layers: int | None = None  # full recompute: layers recomputed per stage
+    virtual_pipeline: int | None = None
+    sequence_parallel: bool = False
+    distributed_optimizer: bool = True
+    overlap_grad_reduce: bool = False
+    precision: str = "bf16"
+    # The GPU backend: Transformer Engine's flash attention and fused cross-entropy.
+    fused_kernels: bool = True
+
+    @property
+    def gpus(self) -> int:
+        return self.tensor * self.pipeline * self.data
+
+    @property
+    def global_batch(self) -> int:
+        return self.micro_batch * self.data * self.grad_accum
+
+    @classmethod
+    def of(cls, cfg: PipelineConfig) -> ParallelLayout:
+        """The layout a validated, resolved config describes."""
+        p, t = cfg.parallel, cfg.train
+        return cls(
+            tensor=p.tensor,
+            pipeline=p.pipeline,
+            data=data_parallel_size(cfg),
+            micro_batch=t.micro_batch_size,
+            grad_accum=t.grad_accum,
+            recompute=t.recompute,
+            recompute_layers=t.recompute_layers,
+            virtual_pipeline=p.virtual_pipeline,
+            sequence_parallel=p.sequence_parallel,
+            distributed_optimizer=p.distributed_optimizer,
+            overlap_grad_reduce=p.overlap_grad_reduce,
+            precision=t.precision,
+            fused_kernels=trains_on_gpu(cfg),
+        )
+
+    def describe(self) -> str:
+        vp = f" (x{self.virtual_pipeline} virtual)" if self.virtual_pipeline else ""
+        sp = ", sequence parallel" if self.sequence_parallel else ""
+        return (
+            f"TP={self.tensor} PP={self.pipeline}{vp} DP={self.data}, micro-batch "
+            f"{self.micro_batch} x accumulation {self.grad_accum}, recompute {self.recompute}"
+            f"{sp}, {self.precision}"
+        )

@@ -1,0 +1,166 @@
+"""Checks before anything is submitted: what would otherwise fail after hours in the queue is
+refused in one line naming the key."""
+
+from __future__ import annotations
+
+import math
+import os
+import shutil
+
+from pipeline.config import PipelineConfig
+from pipeline.config.derived import slurm_minutes, trains_on_gpu, world_size
+from pipeline.core.errors import ConfigError
+from pipeline.core.paths import RunPaths
+from pipeline.data.datasets import load_manifest
+from pipeline.data.splits import check_splits
+from pipeline.model.parameters import parameter_count
+from pipeline.planning.memory import memory_per_gpu
+from pipeline.planning.parallel_layout import ParallelLayout
+from pipeline.planning.search import search_layouts
+from pipeline.planning.throughput import expected_step
+from pipeline.planning.units import gib
+from pipeline.runtime import gpus
+from pipeline.training import resume
+
+# Time a saving job needs besides writing: agreeing on the signal, finishing the step, syncing.
+SAVE_MARGIN_S = 10.0
+
+
+def check_stage_inputs(cfg: PipelineConfig) -> None:
+    """A stage run alone needs the outputs of the stages before it."""
+    paths = RunPaths.of(cfg.workdir)
+    if "tokenize" not in cfg.stages:
+        if not paths.manifest.exists():
+            raise ConfigError(
+                f"stages: no tokenized data in {paths.data_dir}; add tokenize to stages"
+            )
+        check_splits(load_manifest(paths), cfg.model.seq_length)
+    evaluate_alone = "evaluate" in cfg.stages and "train" not in cfg.stages
+    named = str(cfg.eval.checkpoint) in ("best", "latest")
+    if evaluate_alone and named and not paths.checkpoints.exists():
+        raise ConfigError(f"stages: no checkpoints in {paths.checkpoints}; add train to stages")
+
+
+def gpu_memory_gb(cfg: PipelineConfig) -> float | None:
+    """The training GPUs' memory: cluster.gpu_memory_gb, else that of a known cluster.gpu."""
+    c = cfg.cluster
+    return float(c.gpu_memory_gb) if c.gpu_memory_gb else gpus.memory_gb(c.gpu)
+
+
+def checkpoint_bytes(cfg: PipelineConfig, vocab_size: int) -> int:
+    """What one save writes over all ranks: weights and optimizer state (fp32 main weights and
+    two Adam moments in mixed precision), whatever the layout."""
+    n = parameter_count(cfg.model, vocab_size, cfg.parallel.tensor)["total"]
+    return n * (12 if cfg.train.precision == "fp32" else 14)
+
+
+def _local_gpu() -> bool:
+    """Whether this machine has an NVIDIA GPU, without importing torch (seconds)."""
+    return os.path.exists("/dev/nvidiactl") or shutil.which("nvidia-smi") is not None
+
+
+def _check_device(cfg: PipelineConfig) -> None:
+    t = cfg.train
+    # an evaluation alone runs in fp32 on a CPU, whatever precision trained the weights
+    if not trains_on_gpu(cfg) and t.precision != "fp32" and "train" in cfg.stages:
+        raise ConfigError(
+            f"train.precision: {t.precision} needs GPUs (cluster.gpus_per_node); use fp32 on CPU"
+        )
+    if not trains_on_gpu(cfg) and cfg.parallel.sequence_parallel:
+        raise ConfigError("parallel.sequence_parallel: needs GPUs; use false on CPU")
+    if not trains_on_gpu(cfg) and cfg.parallel.pipeline > 1 and not cfg.model.untie_embeddings:
+        raise ConfigError(
+            "parallel.pipeline: pipeline stages on CPU need model.untie_embeddings=true "
+            "(megatron-core keeps the output copy of a tied embedding on a GPU)"
+        )
+    if trains_on_gpu(cfg) and cfg.cluster.executor != "slurm" and not _local_gpu():
+        raise ConfigError(
+            "train.device: GPUs asked for (train=gpu or cluster.gpus_per_node), but this "
+            "machine has none; use train=cpu here, or cluster=slurm to submit to GPU nodes"
+        )
+
+
+def _check_fp8(cfg: PipelineConfig) -> None:
+    if cfg.train.precision != "fp8":
+        return
+    capability = gpus.capability(cfg.cluster.gpu)
+    if capability is not None and capability < gpus.FP8_CAPABILITY:
+        cc = ".".join(map(str, capability))
+        raise ConfigError(
+            f"train.precision: fp8 needs compute capability 8.9 or newer (Ada, Hopper, "
+            f"Blackwell); cluster.gpu={cfg.cluster.gpu} is {cc}: use bf16"
+        )
+
+
+def _check_fits(cfg: PipelineConfig, vocab_size: int) -> None:
+    memory_gb = gpu_memory_gb(cfg)
+    if memory_gb is None or not trains_on_gpu(cfg):
+        return
+    need = memory_per_gpu(cfg.model, vocab_size, ParallelLayout.of(cfg))["total"]
+    capacity = gpus.capacity_bytes(memory_gb)
+    if need <= capacity:
+        return
+    ranks = world_size(cfg.cluster)
+    found = search_layouts(cfg, vocab_size, ranks, memory_gb, cfg.cluster.gpus_per_node)
+    if found.feasible:
+        lo = found.feasible[0].layout
+        hint = (
+            f"the best layout that fits: parallel.tensor={lo.tensor} "
+            f"parallel.pipeline={lo.pipeline} train.micro_batch_size={lo.micro_batch} "
+            f"train.recompute={lo.recompute}"
+            + (" parallel.sequence_parallel=true" if lo.sequence_parallel else "")
+        )
+    else:
+        hint = f"no layout of {ranks} GPUs fits: use more GPUs"
+    raise ConfigError(
+        f"train.micro_batch_size: {ParallelLayout.of(cfg).describe()} needs ~{gib(need)} per GPU, "
+        f"more than the {memory_gb:g} GB of each GPU; {hint} (python -m pipeline.plan --search)"
+    )
+
+
+def _check_time_limit(cfg: PipelineConfig, vocab_size: int) -> None:
+    """The warning signal must leave time to finish the step and save; the limit must leave
+    time to train before the signal."""
+    if cfg.cluster.executor != "slurm":
+        return
+    t, c = cfg.train, cfg.cluster
+    # written once, then read back once for its checksums (COMPLETE.json), at about that rate
+    save_s = 2 * checkpoint_bytes(cfg, vocab_size) / (c.checkpoint_write_gbps * 1e9)
+    step_s = 0.0
+    if trains_on_gpu(cfg):
+        step_s = expected_step(cfg, vocab_size, ParallelLayout.of(cfg))["step_s"]
+    need = save_s + step_s + SAVE_MARGIN_S
+    if t.exit_signal_lead_s < need:
+        raise ConfigError(
+            f"train.exit_signal_lead_s: {t.exit_signal_lead_s} s may not be enough to finish a "
+            f"step (~{step_s:.0f} s) and save {gib(checkpoint_bytes(cfg, vocab_size))} "
+            f"(~{save_s:.0f} s at cluster.checkpoint_write_gbps={c.checkpoint_write_gbps:g}); "
+            f"set at least {math.ceil(need)}"
+        )
+    limit_s = slurm_minutes(c.time_limit, "cluster.time_limit") * 60
+    if limit_s <= t.exit_signal_lead_s + need:
+        raise ConfigError(
+            f"cluster.time_limit: {c.time_limit} leaves no time to train before the save "
+            f"signal {t.exit_signal_lead_s} s before the end; make it longer"
+        )
+
+
+def check_training(cfg: PipelineConfig, vocab_size: int) -> None:
+    """What would otherwise fail after hours in the queue, refused before anything is
+    submitted: GPU settings without GPUs, fp8 without fp8 tensor cores, a layout that does not
+    fit the GPUs' memory, a time limit or signal lead too short to save a checkpoint, a CPU
+    resume under another layout. Raises ConfigError."""
+    _check_device(cfg)
+    _check_fp8(cfg)
+    _check_fits(cfg, vocab_size)
+    _check_time_limit(cfg, vocab_size)
+    _check_resume_layout(cfg)
+
+
+def _check_resume_layout(cfg: PipelineConfig) -> None:
+    paths = RunPaths.of(cfg.workdir)
+    if "train" not in cfg.stages or trains_on_gpu(cfg) or paths.train_done.exists():
+        return
+    problem = resume.layout_problem((resume.tracked_state(paths) or {}).get("layout"), cfg.parallel)
+    if problem:
+        raise ConfigError(f"{problem[0]}: {problem[1]}")

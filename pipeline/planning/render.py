@@ -1,0 +1,292 @@
+"""The plan as printed: a few lines before a launch, or the whole breakdown of
+`python -m pipeline.plan` (parameters, FLOPs, memory per GPU, activations by recompute mode,
+wall time, and the layout search)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, replace
+
+from pipeline.config import PipelineConfig
+from pipeline.config.derived import world_size
+from pipeline.core.paths import RunPaths
+from pipeline.model.flops import flops_per_sequence
+from pipeline.model.parameters import parameter_count, stage_params
+from pipeline.model.sizes import ffn_hidden_size
+from pipeline.planning.memory import (
+    memory_per_gpu,
+    micro_batches_in_flight,
+    stage_activations,
+)
+from pipeline.planning.parallel_layout import ParallelLayout
+from pipeline.planning.search import RECOMPUTE_MODES, search_layouts
+from pipeline.planning.throughput import (
+    DEFAULT_MFU,
+    measured_mfu,
+    steps_for,
+    tokens_per_step,
+    wall_seconds,
+)
+from pipeline.planning.units import GIB, count, duration, gib
+from pipeline.planning.units import flops as flops_text
+from pipeline.runtime.gpus import GPU_BY_MEMORY, capacity_bytes, peak_tflops
+
+
+@dataclass
+class PlanOptions:
+    """Settings of `python -m pipeline.plan` beside the config: search the layouts, for which
+    GPUs, over which token budget, at which MFU."""
+
+    search: bool = False
+    gpu_memory_gb: float | None = None
+    gpus: int | None = None
+    gpu: str | None = None
+    tokens: float | None = None
+    mfu: float | None = None
+
+
+def vocab_size_of(cfg: PipelineConfig) -> tuple[int, str]:
+    """The run's vocabulary: from its data manifest when tokenized, else the tokenizer config."""
+    manifests = [RunPaths.of(cfg.workdir).manifest]
+    if cfg.data.prepared:
+        manifests.append(RunPaths.of(cfg.data.prepared).manifest)
+    for manifest in manifests:
+        if manifest.exists():
+            return int(json.loads(manifest.read_text())["vocab_size"]), str(manifest)
+    return int(cfg.tokenizer.vocab_size), "tokenizer.vocab_size"
+
+
+def summary_lines(cfg: PipelineConfig, vocab_size: int) -> list[str]:
+    """A few lines for the launcher to print before it submits: parameters, FLOPs, per-GPU
+    memory of the configured layout, tokens per step."""
+    counts = parameter_count(cfg.model, vocab_size, cfg.parallel.tensor)
+    layout = ParallelLayout.of(cfg)
+    memory = memory_per_gpu(cfg.model, vocab_size, layout)
+    where = "GPU" if layout.fused_kernels else "rank"
+    per_token = (
+        flops_per_sequence(cfg.model, vocab_size, cfg.parallel.tensor) / cfg.model.seq_length
+    )
+    steps = cfg.train.steps
+    parts = ", ".join(
+        f"{key} {memory[key] / GIB:.1f}"
+        for key in ("weights", "gradients", "optimizer", "activations", "logits", "overhead")
+    )
+    return [
+        f"[plan] {cfg.model.name}: {count(counts['total'])} parameters (embedding "
+        f"{count(counts['embedding'])}, output layer {count(counts['output_layer'])}), "
+        f"{per_token / 1e9:.2f} GFLOP/token",
+        f"[plan] memory per {where} ~{gib(memory['total'])} ({parts} GiB) for {layout.describe()}",
+        f"[plan] {tokens_per_step(cfg):,} tokens/step x {steps} steps = "
+        f"{count(tokens_per_step(cfg) * steps)} tokens",
+    ]
+
+
+def _parameter_lines(
+    cfg: PipelineConfig, vocab_size: int, source: str, layout: ParallelLayout
+) -> list[str]:
+    m = cfg.model
+    c = parameter_count(m, vocab_size, cfg.parallel.tensor)
+    groups = m.num_query_groups or m.num_attention_heads
+    position = f" + {count(c['position_embedding'])} positions" if c["position_embedding"] else ""
+    tied = "untied" if m.untie_embeddings else "tied to the embedding"
+    lines = [
+        f"Model {m.name}: {m.num_layers} layers, hidden {m.hidden_size}, "
+        f"{m.num_attention_heads} heads ({groups} query groups), FFN {ffn_hidden_size(m)} "
+        f"{m.activation}, {m.normalization}, {m.position_embedding}; sequence {m.seq_length}",
+        f"Vocabulary: {vocab_size} ({source}), padded to {c['padded_vocab']}",
+        f"Parameters: {count(c['total'])} ({c['total']:,})",
+        f"  embedding     {count(c['embedding']):>9}  ({c['padded_vocab']} x {m.hidden_size}"
+        f"{position})",
+        f"  transformer   {count(c['transformer']):>9}  ({m.num_layers} x {count(c['layer'])}: "
+        f"attention {count(c['attention_per_layer'])}, MLP {count(c['mlp_per_layer'])}, norms "
+        f"{count(c['norms_per_layer'])}; final norm {count(c['final_norm'])})",
+        f"  output layer  {count(c['output_layer']):>9}  ({tied})",
+    ]
+    t, p = layout.tensor, layout.pipeline
+    stages = sorted({0, p - 1})
+    per_gpu = ", ".join(
+        f"stage {s}: {count(stage_params(m, vocab_size, t, p, s)['total'])}" for s in stages
+    )
+    lines.append(f"  per GPU (TP={t}, PP={p}): {per_gpu}")
+    return lines
+
+
+def _memory_lines(
+    cfg: PipelineConfig, vocab_size: int, layout: ParallelLayout, capacity: int | None
+) -> list[str]:
+    memory = memory_per_gpu(cfg.model, vocab_size, layout)
+    other = memory_per_gpu(
+        cfg.model,
+        vocab_size,
+        replace(layout, distributed_optimizer=not layout.distributed_optimizer),
+    )
+    with_opt = memory if layout.distributed_optimizer else other
+    without = other if layout.distributed_optimizer else memory
+    in_flight = micro_batches_in_flight(layout, memory["stage"])
+    master = "fp32 Adam moments" if layout.precision == "fp32" else "fp32 master + Adam moments"
+    grads = "fp32 (megatron DDP main grads)"
+    weights = "fp32" if layout.precision == "fp32" else "bf16"
+    if layout.precision == "fp8":
+        weights += " + fp8 weight copies"
+    where = "GPU" if layout.fused_kernels else "rank"
+    rows = [
+        ("weights", memory["weights"], weights),
+        ("gradients", memory["gradients"], grads),
+        (
+            "optimizer",
+            memory["optimizer"],
+            f"{master}; distributed over DP={layout.data}: {gib(with_opt['optimizer'])}, "
+            f"not distributed: {gib(without['optimizer'])}",
+        ),
+        (
+            "activations",
+            memory["activations"],
+            f"{in_flight:g} micro-batch{'' if in_flight == 1 else 'es'} in flight x "
+            f"{gib(memory['activations_per_micro_batch'])}",
+        ),
+        ("logits", memory["logits"], "final norm and logits, last stage"),
+        ("recompute", memory["working"], "one layer recomputed in backward"),
+        ("overhead", memory["overhead"], "CUDA context, workspaces, allocator slack"),
+    ]
+    lines = [f"Memory per {where} (pipeline stage {memory['stage']}, the largest):"]
+    lines += [f"  {name:<12} {gib(value):>10}  {note}" for name, value, note in rows]
+    against = ""
+    if capacity is not None:
+        fits = "fits" if memory["total"] <= capacity else "DOES NOT FIT"
+        against = f"of {gib(capacity)}: {fits} "
+    lines.append(
+        f"  {'total':<12} {gib(memory['total']):>10}  {against}(with distributed optimizer "
+        f"{gib(with_opt['total'])}, without {gib(without['total'])})"
+    )
+    return lines
+
+
+def _activation_table(cfg: PipelineConfig, layout: ParallelLayout) -> list[str]:
+    columns = [("bf16", False), ("fp8", False)]
+    if layout.tensor > 1:
+        columns += [("bf16", True), ("fp8", True)]
+    if not layout.fused_kernels:
+        columns = [(layout.precision, False)]
+    layers = cfg.model.num_layers // layout.pipeline
+    head = "".join(f"{precision + (' +SP' if sp else ''):>12}" for precision, sp in columns)
+    lines = [
+        f"Activations per micro-batch ({layers} layers on a GPU, micro-batch "
+        f"{layout.micro_batch}, TP={layout.tensor}):",
+        f"  {'recompute':<10}{head}",
+    ]
+    for mode in RECOMPUTE_MODES:
+        variants = (
+            replace(layout, precision=precision, sequence_parallel=sp, recompute=mode)
+            for precision, sp in columns
+        )
+        cells = "".join(f"{gib(stage_activations(cfg.model, v)):>12}" for v in variants)
+        lines.append(f"  {mode:<10}{cells}")
+    return lines
+
+
+def _time_lines(
+    cfg: PipelineConfig,
+    vocab_size: int,
+    layout: ParallelLayout,
+    options: PlanOptions,
+    gpu: str | None,
+) -> list[str]:
+    per_step = tokens_per_step(cfg)
+    if options.tokens:
+        budget, source = options.tokens, "--tokens"
+    else:
+        budget, source = per_step * cfg.train.steps, f"train.steps={cfg.train.steps}"
+    steps = steps_for(budget, cfg)
+    lines = [
+        f"Tokens per step: {cfg.train.global_batch_size} x {cfg.model.seq_length} = {per_step:,}",
+        f"Token budget: {count(budget)} ({source}) = {steps:,} steps",
+    ]
+    peak = peak_tflops(gpu, cfg.train.precision) if gpu else None
+    if peak is None:
+        why = f"no peak FLOP/s known for {gpu}" if gpu else "no GPU in this config"
+        lines.append(f"Wall time: {why}; name a GPU with --gpu H100 for an estimate")
+        return lines
+    mfu, how = options.mfu, "given"
+    if mfu is None:
+        mfu, how = measured_mfu(cfg), "measured"
+    if mfu is None:
+        mfu, how = DEFAULT_MFU, "assumed"
+    seconds = wall_seconds(cfg, vocab_size, steps, layout.gpus, peak, mfu)
+    lines.append(
+        f"Wall time: {duration(seconds)} on {layout.gpus} x {gpu} ({peak:g} TFLOP/s) at MFU "
+        f"{mfu:.2f} ({how}); {seconds / steps:.2f} s/step"
+    )
+    return lines
+
+
+def _search_lines(
+    cfg: PipelineConfig,
+    vocab_size: int,
+    gpus: int,
+    memory_gb: float,
+    per_node: int,
+    options: PlanOptions,
+) -> list[str]:
+    gpu = options.gpu or GPU_BY_MEMORY.get(int(memory_gb), "H100")
+    peak = peak_tflops(gpu, cfg.train.precision) or 989.0
+    mfu = options.mfu or DEFAULT_MFU
+    found = search_layouts(cfg, vocab_size, gpus, memory_gb, per_node, peak, mfu)
+    capacity = capacity_bytes(memory_gb)
+    lines = [
+        "",
+        f"Layout search: {cfg.model.name} on {gpus} x {memory_gb:g} GB ({gib(capacity)}), "
+        f"{per_node} per node, sequence {cfg.model.seq_length}, global batch "
+        f"{cfg.train.global_batch_size}; ranked by expected tokens/s ({gpu}, MFU {mfu:.2f} "
+        "at large micro-batches)",
+        f"  {'#':>3} {'TP':>3} {'PP':>3} {'DP':>4} {'mbs':>4} {'accum':>5} {'recompute':<10}"
+        f"{'SP':<4}{'memory':>11} {'MFU':>6} {'tok/s/GPU':>10} {'step':>9}",
+    ]
+    for i, c in enumerate(found.feasible[:15], 1):
+        lo, th = c.layout, c.throughput
+        lines.append(
+            f"  {i:>3} {lo.tensor:>3} {lo.pipeline:>3} {lo.data:>4} {lo.micro_batch:>4} "
+            f"{lo.grad_accum:>5} {lo.recompute:<10}{'yes' if lo.sequence_parallel else '-':<4}"
+            f"{gib(c.memory['total']):>11} {th['mfu']:>6.2f} "
+            f"{th['tokens_per_s_per_gpu']:>10,.0f} {th['step_s']:>8.2f}s"
+        )
+    if len(found.feasible) > 15:
+        lines.append(f"  ... and {len(found.feasible) - 15} more that fit")
+    if not found.feasible:
+        lines.append("  no layout fits")
+    if found.rejected:
+        lines.append(f"Rejected ({len(found.rejected)}):")
+        lines += [f"  {reason}" for reason in found.rejected[:20]]
+        if len(found.rejected) > 20:
+            lines.append(f"  ... and {len(found.rejected) - 20} more")
+    return lines
+
+
+def plan_lines(cfg: PipelineConfig, options: PlanOptions) -> list[str]:
+    """The whole plan for a validated config, as lines to print."""
+    vocab_size, source = vocab_size_of(cfg)
+    layout = ParallelLayout.of(cfg)
+    # a CPU run is compared with a GPU only when one is named
+    named = options.gpu is not None or options.gpu_memory_gb is not None
+    memory_gb = options.gpu_memory_gb
+    if memory_gb is None:
+        memory_gb = {"H200": 141.0}.get(options.gpu or "", 80.0)
+    gpu = options.gpu or GPU_BY_MEMORY.get(int(memory_gb))
+    if not (layout.fused_kernels or named):
+        gpu = None
+    capacity = capacity_bytes(memory_gb) if layout.fused_kernels or named else None
+    flops = flops_per_sequence(cfg.model, vocab_size, cfg.parallel.tensor)
+    lines = _parameter_lines(cfg, vocab_size, source, layout)
+    lines.append(
+        f"FLOPs per token: {flops_text(flops / cfg.model.seq_length)} ({flops_text(flops)} per "
+        "sequence; Megatron-LM's formula)"
+    )
+    gpus = f"{layout.gpus} GPU{'' if layout.gpus == 1 else 's'}"
+    lines.append(f"Layout: {gpus}, {layout.describe()}")
+    lines += _memory_lines(cfg, vocab_size, layout, capacity)
+    lines += _activation_table(cfg, layout)
+    lines += _time_lines(cfg, vocab_size, layout, options, gpu)
+    if options.search:
+        gpus = options.gpus or world_size(cfg.cluster)
+        per_node = max(1, min(cfg.cluster.gpus_per_node or 8, gpus))
+        lines += _search_lines(cfg, vocab_size, gpus, memory_gb, per_node, options)
+    return lines

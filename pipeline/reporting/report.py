@@ -1,0 +1,304 @@
+"""report.md and report.html: the data, loss and throughput curves, test results, samples,
+job accounting and configuration of a run, all from what its steps recorded. Every file is
+written atomically."""
+
+from __future__ import annotations
+
+import html
+from pathlib import Path
+
+from pipeline.core import files
+from pipeline.core.paths import RunPaths
+from pipeline.reporting.plots import loss_series, plot_checkpoints, plot_losses, plot_throughput
+from pipeline.reporting.summary import (
+    SUMMARY_FROM_EVAL,
+    SUMMARY_FROM_TRAIN,
+    Metrics,
+    read_metrics,
+    write_summary,
+)
+
+# --- the report: blocks rendered to Markdown and to HTML ------------------------------------
+# ("h2" or "h3", title) | ("p", text) | ("table", header, rows) | ("img", path, alt)
+# | ("code", text, language)
+
+
+def _cell(value: object) -> str:
+    return "-" if value is None else str(value)
+
+
+def _short(value: object) -> object:
+    return f"{value:.6g}" if isinstance(value, float) else value
+
+
+def _kv(pairs: list[tuple[str, object]]) -> tuple:
+    return ("table", ("", ""), pairs)
+
+
+def _seconds(s: float | None) -> str:
+    if s is None:
+        return "-"
+    return f"{s:,.1f} s" if s < 3600 else f"{s / 3600:,.2f} h"
+
+
+def _data_section(manifest: dict) -> list[tuple]:
+    total = manifest.get("total", {})
+    splits = total.get("split_tokens", {})
+    rejected = total.get("rejected", {})
+    return [
+        ("h2", "Data"),
+        _kv(
+            [
+                ("documents", total.get("documents")),
+                ("tokens", total.get("tokens")),
+                (
+                    "train / validation / test tokens",
+                    " / ".join(str(splits.get(k)) for k in ("train", "validation", "test")),
+                ),
+                ("shards", len(manifest.get("shards", []))),
+                ("rejected records", ", ".join(f"{k}: {v}" for k, v in rejected.items()) or 0),
+                ("vocabulary", manifest.get("vocab_size")),
+                ("tokenizer", manifest.get("tokenizer")),
+            ]
+        ),
+    ]
+
+
+def _training_section(paths: RunPaths, summary: dict, metrics: Metrics) -> list[tuple]:
+    shown = [k for k in SUMMARY_FROM_TRAIN if k not in ("tokens", "vocab_size")]
+    blocks = [("h2", "Training"), _kv([(k, _short(summary.get(k))) for k in shown])]
+    plot = plot_losses(paths, metrics)
+    if plot:
+        series = loss_series(metrics)
+        blocks += [
+            ("img", plot.relative_to(paths.root), "loss curves"),
+            (
+                "p",
+                f"Loss against tokens seen: train ({len(series['train'])} points) and validation "
+                f"({len(series['validation'])} points); the plotted data is in train/loss.csv.",
+            ),
+        ]
+    throughput = plot_throughput(paths, metrics)
+    if throughput:
+        rows = [
+            (
+                r["step"],
+                r["tokens"],
+                f"{r['tokens_per_s']:,.0f}",
+                f"{r['tflops_per_gpu']:.2f}",
+                f"{100 * r['mfu']:.1f}%" if "mfu" in r else "-",
+            )
+            for r in metrics.train[:: max(1, len(metrics.train) // 10)]
+        ]
+        blocks += [
+            ("img", throughput.relative_to(paths.root), "throughput"),
+            (
+                "p",
+                "Throughput over time (MFU with Megatron's FLOP formula, where the peak is known):",
+            ),
+            ("table", ("step", "tokens", "tokens/s", "TFLOP/s/GPU", "MFU"), rows),
+        ]
+    return blocks
+
+
+def _results_section(paths: RunPaths, evaluation: dict) -> list[tuple]:
+    blocks = [("h2", "Test results"), _kv([(k, evaluation.get(k)) for k in SUMMARY_FROM_EVAL])]
+    sets = evaluation.get("sets", {})
+    if sets:
+        rows = [
+            (
+                name,
+                r["documents"],
+                r["tokens"],
+                f"{r['loss']:.4f}",
+                f"{r['ppl']:.2f}",
+                sum(r["rejected"].values()) if "rejected" in r else "-",
+            )
+            for name, r in sets.items()
+        ]
+        blocks += [
+            ("p", "Every set, by the same checkpoint (test: the held-out split):"),
+            (
+                "table",
+                ("set", "documents", "tokens", "loss", "perplexity", "rejected records"),
+                rows,
+            ),
+        ]
+    checkpoints = evaluation.get("checkpoints", [])
+    if checkpoints:
+        best = Path(evaluation["checkpoint"]).name
+        rows = [
+            (
+                r["step"] if r["checkpoint"] != best else f"{r['step']} (evaluated above)",
+                "-" if r["val_loss"] is None else f"{r['val_loss']:.4f}",
+                f"{r['test_loss']:.4f}",
+                f"{r['test_ppl']:.2f}",
+            )
+            for r in checkpoints
+        ]
+        plot = plot_checkpoints(paths, checkpoints)
+        blocks += [
+            ("h2", "Every checkpoint kept"),
+            ("table", ("step", "validation loss", "test loss", "test perplexity"), rows),
+            ("img", plot.relative_to(paths.root), "test loss by checkpoint"),
+        ]
+    harness = evaluation.get("harness", {})
+    if harness:
+        blocks.append(("h2", "Downstream tasks (lm-evaluation-harness)"))
+        if "skipped" in harness:
+            blocks.append(("p", harness["skipped"]))
+        else:
+            rows = [
+                (task, metric, f"{value:.4f}")
+                for task, metrics in harness["results"].items()
+                for metric, value in metrics.items()
+            ]
+            blocks.append(("table", ("task", "metric", "value"), rows))
+    return blocks
+
+
+def _samples_section(evaluation: dict) -> list[tuple]:
+    samples = evaluation.get("samples", [])
+    if not samples:
+        return []
+    blocks = [
+        ("h2", "Samples"),
+        ("p", "Continuations of each prompt, decoded with the run's tokenizer."),
+    ]
+    for s in samples:
+        blocks += [
+            ("h3", s["prompt"]),
+            ("p", "greedy:"),
+            ("code", s["greedy"], "text"),
+            ("p", "top-k / top-p:"),
+            ("code", s["sampled"], "text"),
+        ]
+    return blocks
+
+
+def job_accounting(paths: RunPaths, evaluation: dict) -> list[tuple[str, float | None, str]]:
+    """(step, wall seconds, note) for each step of the graph, from its completion marker."""
+    tokenizer = files.read_json_or_none(paths.tokenizer_meta) or {}
+    manifest = files.read_json_or_none(paths.manifest) or {}
+    shards = manifest.get("tokenized_shards", [])
+    index = files.read_json_or_none(paths.index_done) or {}
+    train = files.read_json_or_none(paths.train_done) or {}
+    return [
+        ("tokenizer", tokenizer.get("seconds"), "trained" if tokenizer.get("trained") else ""),
+        (
+            "tokenize",
+            sum(s["seconds"] for s in shards) if shards else None,
+            f"{len(shards)} array tasks, their times summed",
+        ),
+        ("verify", manifest.get("total", {}).get("verify_seconds"), ""),
+        ("index", index.get("seconds"), "megatron-core dataset index cache"),
+        ("train", train.get("wall_seconds"), "all attempts, each up to its last checkpoint"),
+        ("evaluate", evaluation.get("seconds"), ""),
+    ]
+
+
+def _jobs_section(paths: RunPaths, evaluation: dict, metrics: Metrics) -> list[tuple]:
+    rows = [(step, _seconds(s), note) for step, s, note in job_accounting(paths, evaluation)]
+    train = files.read_json_or_none(paths.train_done) or {}
+    eval_hours = evaluation.get("gpus", 0) * (evaluation.get("seconds") or 0) / 3600
+    train_hours = train.get("gpu_hours", 0.0)
+    resumes = metrics.resumes
+    jobs = files.read_json_or_none(paths.jobs) or []
+    return [
+        ("h2", "Jobs"),
+        ("table", ("step", "wall time", "note"), rows),
+        _kv(
+            [
+                ("training GPUs", train.get("gpus")),
+                ("GPU hours: training", f"{train_hours:.3f}"),
+                ("GPU hours: evaluation", f"{eval_hours:.3f}"),
+                ("GPU hours: total", f"{train_hours + eval_hours:.3f}"),
+                (
+                    "training resumed (requeues, reruns)",
+                    f"{len(resumes)}"
+                    + "".join(f"; from {r['resumed_from']}" for r in resumes[:10]),
+                ),
+                ("Slurm submissions", len(jobs) if jobs else "none: run locally"),
+            ]
+        ),
+    ]
+
+
+def report_blocks(paths: RunPaths, evaluation: dict) -> list[tuple]:
+    summary = write_summary(paths, evaluation)
+    manifest = files.read_json_or_none(paths.manifest) or {}
+    metrics = read_metrics(paths)
+    config = paths.config.read_text() if paths.config.exists() else ""
+    return [
+        *_data_section(manifest),
+        *_training_section(paths, summary, metrics),
+        *_results_section(paths, evaluation),
+        *_samples_section(evaluation),
+        *_jobs_section(paths, evaluation, metrics),
+        ("h2", "Configuration"),
+        ("code", config.rstrip(), "yaml"),
+    ]
+
+
+def to_markdown(title: str, blocks: list[tuple]) -> str:
+    def row(cells) -> str:
+        text = (_cell(c).replace("|", "\\|").replace("\n", "<br>") for c in cells)
+        return "| " + " | ".join(text) + " |"
+
+    lines = [f"# {title}", ""]
+    for kind, *args in blocks:
+        if kind in ("h2", "h3"):
+            lines += [f"{'#' * int(kind[1])} {args[0]}", ""]
+        elif kind == "p":
+            lines += [args[0], ""]
+        elif kind == "table":
+            header, rows = args
+            lines += [row(header), "|" + "---|" * len(header), *map(row, rows), ""]
+        elif kind == "img":
+            lines += [f"![{args[1]}]({args[0]})", ""]
+        elif kind == "code":
+            fence = "````" if "```" in args[0] else "```"
+            lines += [f"{fence}{args[1]}", args[0], fence, ""]
+    return "\n".join(lines)
+
+
+STYLE = (
+    "body{font-family:sans-serif;max-width:60em;margin:2em auto;padding:0 1em}"
+    "table{border-collapse:collapse;margin:1em 0}td,th{border:1px solid #ccc;padding:.3em .6em;"
+    "text-align:left;vertical-align:top;white-space:pre-wrap}img{max-width:100%}"
+    "pre{background:#f6f6f6;padding:1em;overflow-x:auto}"
+)
+
+
+def to_html(title: str, blocks: list[tuple]) -> str:
+    e = html.escape
+    parts = [f"<!doctype html><meta charset='utf-8'><title>{e(title)}</title>"]
+    parts += [f"<style>{STYLE}</style>", f"<h1>{e(title)}</h1>"]
+    for kind, *args in blocks:
+        if kind in ("h2", "h3"):
+            parts.append(f"<{kind}>{e(args[0])}</{kind}>")
+        elif kind == "p":
+            parts.append(f"<p>{e(args[0])}</p>")
+        elif kind == "table":
+            header, rows = args
+            head = "".join(f"<th>{e(_cell(c))}</th>" for c in header)
+            body = "".join(
+                "<tr>" + "".join(f"<td>{e(_cell(c))}</td>" for c in r) + "</tr>" for r in rows
+            )
+            parts.append(f"<table><tr>{head}</tr>{body}</table>")
+        elif kind == "img":
+            parts.append(f'<p><img src="{e(str(args[0]))}" alt="{e(args[1])}"></p>')
+        elif kind == "code":
+            parts.append(f"<pre>{e(args[0])}</pre>")
+    return "\n".join(parts) + "\n"
+
+
+def write_report(paths: RunPaths, evaluation: dict | None = None) -> Path:
+    """report.md and report.html in the run folder; `evaluation` as in write_summary."""
+    if evaluation is None:
+        evaluation = files.read_json_or_none(paths.eval_done) or {}
+    blocks = report_blocks(paths, evaluation)
+    title = f"Run report: {paths.root.name}"
+    files.write_text(paths.report, to_markdown(title, blocks))
+    files.write_text(paths.report_html, to_html(title, blocks))
+    return paths.report

@@ -1,0 +1,69 @@
+"""summary.json: the headline figures of a run, merged from what its steps recorded, and the
+training metrics as logged (train/metrics.jsonl)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from pipeline.core import files
+from pipeline.core.paths import RunPaths
+
+SUMMARY_FROM_TRAIN = (
+    "tokens",
+    "vocab_size",
+    "train_steps",
+    "trained_tokens",
+    "first_train_loss",
+    "last_train_loss",
+    "best_val_loss",
+    "tokens_per_s",
+    "best_checkpoint",
+    "skipped_steps",
+    "wall_seconds",
+    "gpu_hours",
+)
+SUMMARY_FROM_EVAL = ("test_loss", "test_ppl", "test_tokens", "checkpoint")
+
+
+@dataclass(frozen=True)
+class Metrics:
+    train: list[dict]
+    validation: list[dict]
+    resumes: list[dict]
+
+
+def read_metrics(paths: RunPaths) -> Metrics:
+    """train/metrics.jsonl by kind. A step logged again by a later attempt (one that resumed
+    from a checkpoint older than the last lines logged) replaces the earlier record."""
+    if not paths.metrics.exists():
+        return Metrics([], [], [])
+    records = [json.loads(line) for line in paths.metrics.read_text().splitlines() if line]
+
+    def last_per_step(key: str) -> list[dict]:
+        by_step = {r["step"]: r for r in records if key in r}
+        return [by_step[s] for s in sorted(by_step)]
+
+    resumes = [r for r in records if "resumed_from" in r]
+    return Metrics(last_per_step("loss"), last_per_step("val_loss"), resumes)
+
+
+def write_summary(paths: RunPaths, evaluation: dict | None = None) -> dict:
+    """Merge what the stages recorded into summary.json (stages that have not run are absent);
+    `evaluation` is the evaluation's result before its marker is written."""
+    summary: dict = {"workdir": str(paths.root)}
+    manifest = files.read_json_or_none(paths.manifest)
+    if manifest:
+        summary["tokens"] = manifest["total"]["split_tokens"]["train"]
+        summary["vocab_size"] = manifest["vocab_size"]
+        summary["rejected_records"] = sum(manifest["total"]["rejected"].values())
+    train = files.read_json_or_none(paths.train_done) or {}
+    summary.update({k: train[k] for k in SUMMARY_FROM_TRAIN if k in train})
+    summary["resumes"] = len(read_metrics(paths).resumes)
+    if evaluation is None:
+        evaluation = files.read_json_or_none(paths.eval_done) or {}
+    summary.update({k: evaluation[k] for k in SUMMARY_FROM_EVAL if k in evaluation})
+    if "sets" in evaluation:
+        summary["set_ppl"] = {name: r["ppl"] for name, r in evaluation["sets"].items()}
+    files.write_json(paths.summary, summary)
+    return summary

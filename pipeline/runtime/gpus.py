@@ -1,0 +1,45 @@
+"""GPU models the pipeline knows by name: memory, compute capability and dense peak FLOP/s."""
+
+from __future__ import annotations
+
+# By the name users give in cluster.gpu: memory (GB, as sold) and compute capability.
+# fp8 tensor cores need compute capability 8.9 (Ada) or newer (Hopper 9.0, Blackwell 10.0).
+GPUS = {
+    "H200": (141, (9, 0)), "H100": (80, (9, 0)), "GH200": (96, (9, 0)), "B200": (180, (10, 0)),
+    "A100": (80, (8, 0)), "A100-40GB": (40, (8, 0)), "L40S": (48, (8, 9)), "L4": (24, (8, 9)),
+    "A10": (24, (8, 6)), "V100": (32, (7, 0)),
+}  # fmt: skip
+FP8_CAPABILITY = (8, 9)
+
+# Dense bf16/fp16 tensor-core peaks, TFLOP/s, by device name fragment (fp8 is twice these).
+PEAK_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0, "L40S": 362.0, "B200": 2250.0}
+
+# What the nominal sizes report as device memory (MiB); other sizes are taken as GiB.
+DEVICE_MIB = {24: 24576, 40: 40960, 80: 81559, 141: 143771}
+# The GPU assumed for a memory size when none is named (for its peak FLOP/s).
+GPU_BY_MEMORY = {40: "A100", 80: "H100", 141: "H200"}
+GIB = 2**30
+
+
+def peak_tflops(device_name: str, precision: str) -> float | None:
+    """Dense peak of a device (torch.cuda.get_device_name() or a cluster.gpu name)."""
+    for fragment, peak in PEAK_TFLOPS.items():
+        if fragment in device_name:
+            return peak * (2 if precision == "fp8" else 1)
+    return None
+
+
+def memory_gb(name: str | None) -> float | None:
+    known = GPUS.get(str(name or "").upper())
+    return float(known[0]) if known else None
+
+
+def capability(name: str | None) -> tuple[int, int] | None:
+    known = GPUS.get(str(name or "").upper())
+    return known[1] if known else None
+
+
+def capacity_bytes(gpu_memory_gb: float) -> int:
+    """What a GPU sold as `gpu_memory_gb` GB holds, as torch counts it."""
+    mib = DEVICE_MIB.get(int(gpu_memory_gb)) if gpu_memory_gb == int(gpu_memory_gb) else None
+    return mib * 2**20 if mib else int(gpu_memory_gb * GIB)

@@ -1,0 +1,250 @@
+"""Checkpoints: save, find the latest valid one, keep the best by validation loss, retention.
+
+checkpoints/iter_0000200/ holds the backend's weights and optimizer files, every rank's RNG
+state, state.json (step, data position, scheduler, losses) and, written last, COMPLETE.json
+listing each file with its size and sha256. It is written as iter_0000200.partial/ and renamed
+when complete; a folder whose files do not match its COMPLETE.json (killed mid-save, truncated,
+altered) is never loaded, and weights that are not finite are never saved. `latest.txt` names
+the newest complete checkpoint, written after it; `best.json` the one with the lowest
+validation loss. Retention never deletes the best, nor anything outside the run folder.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import re
+import warnings
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from pipeline.core import files
+from pipeline.core.errors import NonFinite
+from pipeline.runtime import distributed
+from pipeline.training.resume import TRACKER
+
+BEST = "best.json"
+NAME = re.compile(r"iter_\d{7}")  # a finished checkpoint; .partial and .deleting ones are not
+
+
+def folder_name(step: int) -> str:
+    return f"iter_{step:07d}"
+
+
+def _listing(folder: Path) -> dict[str, int]:
+    return {
+        str(p.relative_to(folder)): p.stat().st_size
+        for p in sorted(folder.rglob("*"))
+        if p.is_file() and p.name != "COMPLETE.json"
+    }
+
+
+def _checksums(folder: Path, names: list[str], collective: bool = False) -> dict[str, str]:
+    """sha256 of each file, a few at a time (hashlib releases the GIL on large reads). With
+    `collective` every rank of the job calls it and hashes its own share of the files, so a
+    checkpoint of many ranks is read once, in parallel, not once by rank 0 alone."""
+    shared = collective and dist.is_initialized() and dist.get_world_size() > 1
+    share = names[dist.get_rank() :: dist.get_world_size()] if shared else names
+    with ThreadPoolExecutor(8) as pool:
+        mine = dict(zip(share, pool.map(lambda n: files.sha256(folder / n), share), strict=True))
+    if not shared:
+        return mine
+    shares: list[dict[str, str]] = [{} for _ in range(dist.get_world_size())]
+    dist.all_gather_object(shares, mine)
+    return {name: digest for part in shares for name, digest in part.items()}
+
+
+def problem(folder: Path, checksums: bool = True, collective: bool = False) -> str | None:
+    """Why `folder` is not a loadable checkpoint, or None if it is: COMPLETE.json is there and
+    every file it lists has its recorded size and (with `checksums`) its recorded sha256.
+    `collective`: every rank calls it for the same folder (see _checksums)."""
+    try:
+        complete = files.read_json_or_none(folder / "COMPLETE.json")
+    except ValueError:
+        return "COMPLETE.json is damaged"
+    if complete is None:
+        return "no COMPLETE.json: the save did not finish"
+    listing = _listing(folder)
+    for name, size in complete["files"].items():
+        if name not in listing:
+            return f"{name} is missing"
+        if listing[name] != size:
+            return f"{name} has {listing[name]} bytes, {size} when saved"
+    recorded = complete.get("sha256", {}) if checksums else {}  # older saves recorded sizes only
+    for name, digest in _checksums(folder, sorted(recorded), collective).items():
+        if digest != recorded[name]:
+            return f"{name} does not match its sha256 when saved"
+    return None
+
+
+def is_valid(folder: Path, checksums: bool = True) -> bool:
+    return problem(folder, checksums) is None
+
+
+def rng_state() -> dict[str, Any]:
+    state = {
+        "python": random.getstate(),
+        "numpy": np.random.get_state(),
+        "torch": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available():
+        from megatron.core import tensor_parallel
+
+        state["cuda"] = torch.cuda.get_rng_state()
+        state["tracker"] = tensor_parallel.get_cuda_rng_tracker().get_states()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        from megatron.core import tensor_parallel
+
+        torch.cuda.set_rng_state(state["cuda"])
+        tensor_parallel.get_cuda_rng_tracker().set_states(state["tracker"])
+
+
+def _rank() -> int:
+    return dist.get_rank() if dist.is_initialized() else 0
+
+
+def _barrier() -> None:
+    if dist.is_initialized():
+        dist.barrier()
+
+
+def require_finite(chunks, step: int) -> None:
+    """Collective: raise NonFinite on every rank if any rank's weights hold a NaN or inf."""
+    named = [(name, p) for chunk in chunks for name, p in chunk.named_parameters()]
+    finite = torch.stack([torch.isfinite(p).all() for _, p in named])
+    bad = None if bool(finite.all()) else named[int((~finite).nonzero()[0])][0]
+    if distributed.any_rank(bad is not None, finite.device):
+        raise NonFinite(
+            f"step {step}: the weights are not finite ({bad or 'on another rank'}); no "
+            "checkpoint written, the earlier ones are kept: lower train.lr or check the data"
+        )
+
+
+def _write(partial: Path, step: int, state: dict, backend, chunks, optimizer) -> None:
+    """Every file of the checkpoint into `partial`, COMPLETE.json last (collective)."""
+    backend.save(partial, chunks, optimizer)
+    with open(partial / f"rng_rank{_rank():05d}.pt", "wb") as f:  # a file: errors keep errno
+        torch.save(rng_state(), f)
+    if _rank() == 0:
+        files.write_json(partial / "state.json", state)
+    _barrier()
+    sizes = _listing(partial)
+    digests = _checksums(partial, sorted(sizes), collective=True)
+    if _rank() == 0:
+        for path in partial.rglob("*"):
+            if path.is_file():
+                with open(path, "rb") as f:
+                    os.fsync(f.fileno())
+        complete = {"step": step, "files": sizes, "sha256": digests}
+        files.write_json(partial / "COMPLETE.json", complete)
+
+
+def save(root: Path, step: int, state: dict, backend, chunks, optimizer, keep_last: int) -> Path:
+    """Collective: every rank calls it. Returns the checkpoint folder. Refuses weights that are
+    not finite; a write that fails (no space) removes its partial folder and leaves the earlier
+    checkpoints and latest.txt as they were."""
+    require_finite(chunks, step)
+    final = root / folder_name(step)
+    partial = root / f"{folder_name(step)}.partial"
+    workdir = root.parent
+    if _rank() == 0:
+        files.remove_tree(partial, workdir)  # from an earlier attempt that was killed
+        partial.mkdir(parents=True)
+    _barrier()
+    try:
+        with files.reporting_space(f"checkpoint {partial}"):
+            _write(partial, step, state, backend, chunks, optimizer)
+    except BaseException:
+        if _rank() == 0:
+            files.remove_tree(partial, workdir)
+        raise
+    if _rank() == 0:
+        if final.exists():  # a save of this step from an earlier attempt, since resumed from
+            _discard(final, workdir)
+        partial.rename(final)
+        files.fsync_dir(root)
+        files.write_text(root / TRACKER, final.name + "\n")  # only ever names a whole save
+        _update_best(root, final, state)
+        _apply_retention(root, keep_last)
+    _barrier()
+    return final
+
+
+def _update_best(root: Path, folder: Path, state: dict) -> None:
+    val = state.get("val_loss")
+    if val is None:
+        return
+    best = files.read_json_or_none(root / BEST)
+    stale = best is None or not is_valid(root / best["name"], checksums=False)
+    if stale or val < best["val_loss"]:
+        files.write_json(root / BEST, {"name": folder.name, "step": state["step"], "val_loss": val})
+
+
+def _discard(folder: Path, workdir: Path) -> None:
+    """Delete a checkpoint folder: renamed first, so a kill midway leaves no half-deleted
+    folder under a checkpoint's name. Links, and folders outside the run, are left alone."""
+    if not files.owned_folder(folder, workdir):
+        warnings.warn(f"not deleting {folder}: it leads outside {workdir}", stacklevel=2)
+        return
+    doomed = folder.with_name(folder.name + ".deleting")
+    folder.rename(doomed)
+    files.remove_tree(doomed, workdir)
+
+
+def finished(root: Path) -> list[Path]:
+    """The checkpoint folders under `root` by step, without .partial and .deleting ones."""
+    return sorted(p for p in root.glob("iter_*") if NAME.fullmatch(p.name))
+
+
+def _apply_retention(root: Path, keep_last: int) -> None:
+    workdir = root.parent
+    best = files.read_json_or_none(root / BEST)
+    keep = {best["name"]} if best else set()
+    done = finished(root)
+    keep.update(p.name for p in done[-keep_last:])
+    for path in done:
+        if path.name not in keep:
+            _discard(path, workdir)
+    for path in root.glob("iter_*.*"):  # left by saves or deletions that were killed
+        files.remove_tree(path, workdir)
+
+
+def latest(root: Path, checksums: bool = True, collective: bool = False) -> Path | None:
+    """The newest valid checkpoint; damaged or incomplete ones are skipped with a warning.
+    `collective`: every rank calls it and shares the reading (see _checksums)."""
+    for folder in reversed(finished(root)):
+        reason = problem(folder, checksums, collective)
+        if reason is None:
+            return folder
+        warnings.warn(
+            f"skipping checkpoint {folder}: incomplete or damaged ({reason})", stacklevel=2
+        )
+    return None
+
+
+def best(root: Path, checksums: bool = True) -> Path | None:
+    record = files.read_json_or_none(root / BEST)
+    if record and is_valid(root / record["name"], checksums):
+        return root / record["name"]
+    return latest(root, checksums)
+
+
+def load(folder: Path, backend, chunks, optimizer) -> dict:
+    """Collective: load weights (and optimizer) into place; returns state.json."""
+    backend.load(folder, chunks, optimizer)
+    rng = folder / f"rng_rank{_rank():05d}.pt"
+    if rng.exists():
+        set_rng_state(torch.load(rng, weights_only=False))
+    return files.read_json(folder / "state.json")

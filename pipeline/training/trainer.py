@@ -1,0 +1,363 @@
+"""The training step: one loop for CPU and GPU around megatron-core's forward/backward
+schedules, with validation, checkpoints, the best one kept, and a save before a time limit or
+preemption. What differs by hardware comes from the backend (pipeline.model.backends)."""
+
+from __future__ import annotations
+
+import json
+import math
+import signal
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any, TypedDict
+
+import torch
+import torch.distributed as dist
+
+from pipeline.config import PipelineConfig
+from pipeline.config.derived import world_size
+from pipeline.core import files
+from pipeline.core.errors import NonFinite
+from pipeline.core.paths import RunPaths
+from pipeline.core.steps import Interrupted
+from pipeline.data import datasets
+from pipeline.model import flops
+from pipeline.reporting.summary import write_summary
+from pipeline.runtime.gpus import peak_tflops
+from pipeline.training import checkpoint, resume
+from pipeline.training.engine import Engine
+from pipeline.training.profiling import StepProfiler
+from pipeline.training.signals import StopRequest
+
+
+class TrainRecord(TypedDict):
+    """train/DONE.json: what the finished training run measured."""
+
+    status: str  # "complete"
+    train_steps: int
+    tokens: int  # in the training split
+    trained_tokens: int
+    vocab_size: int
+    first_train_loss: float | None
+    last_train_loss: float | None
+    best_val_loss: float | None
+    skipped_steps: int
+    tokens_per_s: float
+    best_checkpoint: str | None
+    wall_seconds: float
+    gpus: int
+    gpu_hours: float
+
+
+@dataclass
+class RunState:
+    step: int = 0
+    consumed_samples: int = 0
+    first_train_loss: float | None = None
+    last_train_loss: float | None = None
+    val_loss: float | None = None
+    best_val_loss: float | None = None
+    skipped_steps: int = 0
+    train_seconds: float = 0.0  # in training steps
+    wall_seconds: float = 0.0  # of the stage, over all attempts, up to their last save
+    tokens: int = 0
+    scheduler: dict = field(default_factory=dict)
+
+
+class Trainer(Engine):
+    def __init__(self, cfg: PipelineConfig):
+        from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
+
+        self.paths = RunPaths.of(cfg.workdir)
+        self.manifest = datasets.load_manifest(self.paths)
+        super().__init__(cfg, self.manifest["vocab_size"])
+        ranks = world_size(cfg.cluster)
+        if self.rank.world_size != ranks:  # the batch arithmetic assumed that many
+            raise RuntimeError(
+                f"the job has {self.rank.world_size} ranks but cluster.nodes x tasks per node "
+                f"= {ranks}; launch one task per GPU as configured"
+            )
+        self.optimizer = self.backend.optimizer(self.chunks, cfg)
+        t = cfg.train
+        self.scheduler = OptimizerParamScheduler(
+            self.optimizer,
+            init_lr=0.0,
+            max_lr=t.lr,
+            min_lr=t.min_lr,
+            lr_warmup_steps=t.warmup_steps,
+            lr_decay_steps=t.steps,
+            lr_decay_style=t.lr_decay_style,
+            start_wd=t.weight_decay,
+            end_wd=t.weight_decay,
+            wd_incr_steps=t.steps,
+            wd_incr_style="constant",
+            wsd_decay_steps=max(1, t.steps // 10),
+            lr_wsd_decay_style="linear",
+        )
+        per_sequence = flops.flops_per_sequence(cfg.model, self.vocab_size, cfg.parallel.tensor)
+        self.flops_per_step = per_sequence * t.global_batch_size
+        name = torch.cuda.get_device_name() if self.device.type == "cuda" else "cpu"
+        self.peak = peak_tflops(name, t.precision)
+        self.state = RunState()
+        self._clock = time.time()  # this attempt's wall time is added to the state from here
+
+    def train_step(self, iterators: list) -> tuple[float, float, bool]:
+        for chunk in self.chunks:
+            if hasattr(chunk, "zero_grad_buffer"):
+                chunk.zero_grad_buffer()
+        self.optimizer.zero_grad()
+        t = self.cfg.train
+        total = self.run_schedule(iterators, t.grad_accum, t.micro_batch_size, forward_only=False)
+        # The loss summed over the whole job (run_schedule all-reduces it), so every rank sees
+        # the same value: never step on a non-finite one, even with finite gradients.
+        loss = float(total[0] / total[1].clamp(min=1))
+        if not math.isfinite(loss):
+            return loss, math.nan, False
+        updated, grad_norm = self.optimizer.step()  # not updated: a non-finite gradient
+        if updated:
+            self.scheduler.step(1)
+        return loss, float(grad_norm), updated
+
+    def _skipped_update(self, loss: float, grad_norm: float) -> None:
+        """A step whose update was skipped: stop, or say so, as train.nonfinite asks. Under fp16
+        a finite loss with an overflowing gradient is the loss scaler at work, not a fault."""
+        st, t = self.state, self.cfg.train
+        what = f"step {st.step}: loss {loss:.6g}, grad norm {grad_norm:.6g}"
+        scaler_overflow = t.precision == "fp16" and math.isfinite(loss)
+        if t.nonfinite == "stop" and not scaler_overflow:
+            raise NonFinite(
+                f"{what} is not finite; stopped (train.nonfinite=stop) without saving, the "
+                "earlier checkpoints are kept: lower train.lr or check the data, then rerun"
+            )
+        why = "fp16 loss-scale overflow" if scaler_overflow else "not finite"
+        self._log(
+            f"{what}: {why}, update skipped ({st.skipped_steps} skipped so far, "
+            f"train.nonfinite={t.nonfinite})"
+        )
+
+    # --- checkpoints --------------------------------------------------------------------------
+
+    def resume(self) -> None:
+        folder = checkpoint.latest(self.paths.checkpoints, collective=True)
+        if folder is None:
+            return
+        self._check_resumable_layout(folder)
+        saved = checkpoint.load(folder, self.backend, self.chunks, self.optimizer)
+        self.state = RunState(**saved["run"])
+        self.scheduler.load_state_dict(self.state.scheduler)
+        self._log(f"resumed from {folder} at step {self.state.step}")
+        self._record(None, {"step": self.state.step, "resumed_from": folder.name})
+
+    def _check_resumable_layout(self, folder) -> None:
+        """Refused before submission too (planning.preflight); here for a step called directly."""
+        if self.backend.reshards_optimizer:
+            return
+        saved = files.read_json(folder / "state.json").get("layout")
+        problem = resume.layout_problem(saved, self.cfg.parallel)
+        if problem:
+            raise RuntimeError(f"{folder}: {problem[1]}")
+
+    def _tick(self) -> None:
+        now = time.time()
+        self.state.wall_seconds += now - self._clock
+        self._clock = now
+
+    def _trim_metrics(self) -> None:
+        """Keep the metrics of the steps up to the one this run starts from: a killed run may
+        have logged later steps, which are done again, or died in the middle of a line."""
+        path = self.paths.metrics
+        if not self.is_logger or not path.exists():
+            return
+        kept = []
+        for line in path.read_text().splitlines():
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:
+                continue  # cut short by a kill
+            if record["step"] <= self.state.step:
+                kept.append(line + "\n")
+        files.write_text(path, "".join(kept))
+
+    def save(self) -> None:
+        self._tick()
+        self.state.scheduler = self.scheduler.state_dict()
+        checkpoint.save(
+            self.paths.checkpoints,
+            self.state.step,
+            {
+                "step": self.state.step,
+                "val_loss": self.state.val_loss,
+                "layout": self.parallel_layout(),
+                "run": vars(self.state),
+            },
+            self.backend,
+            self.chunks,
+            self.optimizer,
+            self.cfg.train.keep_last,
+        )
+
+    # --- logging ------------------------------------------------------------------------------
+
+    def _log(self, text: str) -> None:
+        if self.is_logger:
+            print(text, file=sys.stderr, flush=True)
+
+    def _record(self, writer, record: dict[str, Any]) -> None:
+        if not self.is_logger:
+            return
+        with open(self.paths.metrics, "a") as f:
+            f.write(json.dumps(record) + "\n")
+        if writer is not None:
+            for key, value in record.items():
+                if key != "step" and isinstance(value, (int, float)):
+                    writer.add_scalar(key, value, record["step"])
+
+    def _throughput(self, steps: int, seconds: float) -> dict[str, float]:
+        t, m = self.cfg.train, self.cfg.model
+        tokens = steps * t.global_batch_size * m.seq_length
+        world = dist.get_world_size() if dist.is_initialized() else 1
+        tflops = steps * self.flops_per_step / seconds / world / 1e12
+        out = {"tokens_per_s": tokens / seconds, "tflops_per_gpu": tflops}
+        if self.peak:
+            out["mfu"] = tflops / self.peak
+        if self.device.type == "cuda":
+            out["peak_mem_gib"] = torch.cuda.max_memory_allocated() / 2**30
+        return out
+
+    # --- the loop -----------------------------------------------------------------------------
+
+    def fit(self) -> TrainRecord | Interrupted:
+        cfg, t = self.cfg, self.cfg.train
+        self.paths.train_dir.mkdir(parents=True, exist_ok=True)
+        self.resume()
+        self._trim_metrics()
+        train_ds, valid_ds = datasets.train_valid_datasets(cfg, self.manifest)
+        # before the data-loading workers fork: they inherit the handlers, and a job signal
+        # (time-limit warning, preemption) reaches them too, which would otherwise kill them
+        stop = StopRequest()
+        iterators = self.iterators(train_ds, self.state.consumed_samples, t.micro_batch_size)
+        writer = self._tensorboard()
+        profiler = StepProfiler(
+            list(t.profile_steps), self.paths.train_dir / "profile.txt", self.is_logger
+        )
+        window_seconds, window_steps = 0.0, 0
+        tokens_per_step = t.global_batch_size * cfg.model.seq_length
+        while self.state.step < t.steps:
+            profiler.step_starts(self.state.step + 1)
+            started = time.time()
+            loss, grad_norm, updated = self.train_step(iterators)  # reading the loss syncs
+            window_seconds += time.time() - started
+            st = self.state
+            st.step += 1
+            profiler.step_ends(st.step)
+            st.consumed_samples += t.global_batch_size
+            st.tokens += tokens_per_step
+            if not updated:
+                st.skipped_steps += 1
+                self._skipped_update(loss, grad_norm)
+            if math.isfinite(loss):
+                if st.first_train_loss is None:
+                    st.first_train_loss = loss
+                st.last_train_loss = loss
+            window_steps += 1
+            if st.step % t.log_interval == 0 or st.step == t.steps:
+                st.train_seconds += window_seconds
+                record = {
+                    "step": st.step,
+                    "tokens": st.tokens,
+                    "loss": loss,
+                    "grad_norm": grad_norm,
+                    "lr": self.optimizer.param_groups[0]["lr"],
+                    "skipped_steps": st.skipped_steps,
+                    **self._throughput(window_steps, window_seconds),
+                }
+                self._record(writer, record)
+                self._log(_format(record, t.steps))
+                window_seconds, window_steps = 0.0, 0
+            due_save = t.save_interval > 0 and (
+                st.step % t.save_interval == 0 or st.step == t.steps
+            )
+            st.val_loss = None  # the validation loss at this very step, if validated
+            if due_save or st.step % t.eval_interval == 0 or st.step == t.steps:
+                st.val_loss, _ = self.loss_over(valid_ds, t.micro_batch_size, t.eval_iters)
+                if st.best_val_loss is None or st.val_loss < st.best_val_loss:
+                    st.best_val_loss = st.val_loss
+                self._record(
+                    writer, {"step": st.step, "tokens": st.tokens, "val_loss": st.val_loss}
+                )
+                self._log(f"step {st.step}: validation loss {st.val_loss:.4f}")
+            stopping = stop.agreed(self.device)
+            if due_save or stopping:
+                self.save()
+            if stopping:
+                requeue = stop.continues(self.device)
+                signals = ", ".join(signal.Signals(s).name for s in sorted(stop.received))
+                leaving = "exiting for requeue" if requeue else "exiting"
+                self._log(
+                    f"{signals or 'a signal on another rank'}: saved step {st.step}, {leaving}"
+                )
+                return Interrupted(st.step, requeue)
+        if writer is not None:
+            writer.close()
+        result = self._finish()
+        stop.ignore_warnings()
+        return result
+
+    def _tensorboard(self):
+        if not self.is_logger:
+            return None
+        try:
+            from torch.utils.tensorboard import SummaryWriter
+        except ImportError:
+            return None
+        # On resume, TensorBoard drops what a killed run logged after the checkpoint.
+        purge = self.state.step + 1 if self.state.step else None
+        return SummaryWriter(str(self.paths.tensorboard), purge_step=purge)
+
+    def _finish(self) -> TrainRecord:
+        self._tick()
+        st, t, m = self.state, self.cfg.train, self.cfg.model
+        gpus = self.rank.world_size if self.device.type == "cuda" else 0
+        checkpoint.require_finite(self.chunks, st.step)  # never mark diverged weights complete
+        best = checkpoint.best(self.paths.checkpoints, checksums=False)  # evaluation verifies it
+        best_record = files.read_json_or_none(self.paths.checkpoints / checkpoint.BEST) or {}
+        result: TrainRecord = {
+            "status": "complete",
+            "train_steps": st.step,
+            "tokens": self.manifest["total"]["split_tokens"]["train"],
+            "trained_tokens": st.tokens,
+            "vocab_size": self.manifest["vocab_size"],
+            "first_train_loss": st.first_train_loss,
+            "last_train_loss": st.last_train_loss,
+            "best_val_loss": best_record.get("val_loss", st.best_val_loss),
+            "skipped_steps": st.skipped_steps,
+            "tokens_per_s": st.step
+            * t.global_batch_size
+            * m.seq_length
+            / max(st.train_seconds, 1e-9),
+            "best_checkpoint": str(best) if best else None,
+            "wall_seconds": st.wall_seconds,
+            "gpus": gpus,
+            "gpu_hours": gpus * st.wall_seconds / 3600,
+        }
+        if self.rank.is_first:
+            files.write_json(self.paths.train_done, result)
+            write_summary(self.paths)
+        return result
+
+
+def _format(r: dict, total_steps: int) -> str:
+    parts = [
+        f"step {r['step']}/{total_steps}",
+        f"loss {r['loss']:.4f}",
+        f"grad {r['grad_norm']:.3f}",
+        f"lr {r['lr']:.2e}",
+        f"{r['tokens_per_s']:,.0f} tok/s",
+        f"{r['tflops_per_gpu']:.2f} TFLOP/s/GPU",
+    ]
+    if "mfu" in r:
+        parts.append(f"MFU {100 * r['mfu']:.1f}%")
+    if "peak_mem_gib" in r:
+        parts.append(f"mem {r['peak_mem_gib']:.1f} GiB")
+    return " | ".join(parts)
