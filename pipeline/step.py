@@ -27,6 +27,9 @@ def run_step(cfg: PipelineConfig) -> None:
     steps = graph.by_name(cfg)
     if STEP not in steps:
         raise ConfigError(f"step {STEP!r} is not one of {', '.join(steps)} for stages={cfg.stages}")
+    for each in steps.values():  # as the launcher does: the built-in corpus and shard plan
+        if each.placement is Placement.ARRAY:
+            each.prepare(cfg)
     step = steps[STEP]
     if "SLURM_JOB_ID" in os.environ:  # submitit's job environment reads Slurm's variables
         os.environ.setdefault("SUBMITIT_EXECUTOR", "slurm")

@@ -1,20 +1,33 @@
 """Shared fixtures: configs composed exactly as the command line composes them, and one small
-tokenized run (built-in corpus, real sentencepiece, real megatron-core shards) reused by tests."""
+tokenized run (built-in corpus, real sentencepiece, real Megatron-format shards) reused by tests.
+
+The tests are laid out by what they need, and each folder's tests carry its marker:
+
+    unit/         no torch, no megatron-core: config, data files, planning, layering, executors
+    integration/  CPU megatron-core in this process: datasets, model, training, checkpoints
+    cli/          the command lines as users run them, in subprocesses
+    slurm/        a real local Slurm cluster (tools/local_slurm.sh)
+    gpu/          CUDA and Transformer Engine (deselected unless asked for: -m gpu)
+"""
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from omegaconf import DictConfig
 
 from pipeline import config
+from pipeline.config import PipelineConfig
 
-CONF = Path(__file__).resolve().parents[1] / "conf"
-config.register()
+TESTS = Path(__file__).resolve().parent
+ROOT = TESTS.parent
+CONF = ROOT / "conf"
+FOLDERS = ("unit", "integration", "cli", "slurm", "gpu")
 
 # Small enough for seconds on 2 cores, large enough for every split to hold sequences.
 SMALL = [
@@ -41,27 +54,39 @@ SMALL = [
 SMALL_SERIAL = [*SMALL, "train.threads=1"]
 
 
-def make_config(workdir: Path | str, *overrides: str, validate: bool = True) -> DictConfig:
+@pytest.hookimpl(tryfirst=True)  # before -m selects by marker
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        folder = Path(str(item.path)).resolve().relative_to(TESTS).parts[0]
+        if folder in FOLDERS:
+            item.add_marker(folder)
+
+
+def make_config(workdir: Path | str, *overrides: str, validate: bool = True) -> PipelineConfig:
     return config.compose(str(workdir), *overrides, check=validate)
 
 
+def changed(cfg: PipelineConfig, section: str, **values) -> PipelineConfig:
+    """A copy of `cfg` with some values of one section changed (configs are never mutated)."""
+    return dataclasses.replace(
+        cfg, **{section: dataclasses.replace(getattr(cfg, section), **values)}
+    )
+
+
 @pytest.fixture(scope="session")
-def tokenized(tmp_path_factory) -> DictConfig:
+def tokenized(tmp_path_factory) -> PipelineConfig:
     """A run whose tokenize stage is complete: corpus, tokenizer, 2 shards, manifest."""
-    from pipeline import graph
+    from pipeline.data.steps import TOKENIZE, TOKENIZER, VERIFY
 
     cfg = make_config(tmp_path_factory.mktemp("run"), *SMALL)
-    for step in graph.build(cfg):
-        if step.name in ("tokenizer", "tokenize", "verify"):
-            for index in range(step.array) if step.array else [None]:
-                step.run(cfg) if index is None else step.run(cfg, index)
+    TOKENIZE.prepare(cfg)  # the built-in corpus and the shard plan, as the launcher does
+    for step in (TOKENIZER, TOKENIZE, VERIFY):
+        step.run(cfg)
     return cfg
 
 
-def copy_tokenized(tokenized: DictConfig, workdir: Path) -> Path:
+def copy_tokenized(tokenized: PipelineConfig, workdir: Path) -> Path:
     """The tokenized run's corpus, tokenizer and data copied into `workdir`."""
-    import shutil
-
     src = Path(tokenized.workdir)
     for name in ("tokenizer", "data", "corpus"):
         shutil.copytree(src / name, workdir / name, symlinks=True)
@@ -69,7 +94,7 @@ def copy_tokenized(tokenized: DictConfig, workdir: Path) -> Path:
 
 
 @pytest.fixture
-def run_copy(tokenized, tmp_path) -> DictConfig:
+def run_copy(tokenized, tmp_path) -> PipelineConfig:
     """The tokenized run's data, copied into a fresh workdir for a test that trains."""
     return make_config(copy_tokenized(tokenized, tmp_path), *SMALL)
 
@@ -78,7 +103,7 @@ def cli(*args: str, timeout: float = 600, **kwargs) -> subprocess.CompletedProce
     """`python -m pipeline cluster=local ARGS` from the repository root, output captured."""
     return subprocess.run(
         [sys.executable, "-m", "pipeline", "cluster=local", *args],
-        cwd=CONF.parent,
+        cwd=ROOT,
         capture_output=True,
         text=True,
         timeout=timeout,

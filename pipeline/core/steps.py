@@ -1,20 +1,17 @@
-"""What a step of the run is, to whatever runs it.
+"""What a step says to whatever runs it: where it runs, and that it stopped early.
 
 A user-facing stage (tokenize, train, evaluate) is one or more steps, each a job of its own
 on a cluster: tokenizer, tokenize (an array), verify, index, train, evaluate. A step is a plain
 function of the typed config that checks its own completion marker, so running it again is
-always safe; it says where it runs (`Placement`), and an executor turns that into processes
-or Slurm jobs. Steps never read scheduler variables themselves.
+always safe (the interface: pipeline.orchestration.graph.Step). It says where it runs
+(`Placement`), and an executor turns that into processes or Slurm jobs; steps never read
+scheduler variables themselves.
 """
 
 from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
-
-if TYPE_CHECKING:
-    from pipeline.config import PipelineConfig
 
 
 class Placement(enum.Enum):
@@ -31,32 +28,3 @@ class Interrupted:
 
     step: int
     requeue: bool
-
-
-class Step(Protocol):
-    name: str
-    placement: Placement
-
-    def is_complete(self, cfg: PipelineConfig) -> bool:
-        """Its outputs are there, whole, for this config."""
-        ...
-
-    def run(self, cfg: PipelineConfig) -> Any:
-        """Do the work unless it is complete; returns what its marker records, or Interrupted."""
-        ...
-
-
-class ArrayStep(Step, Protocol):
-    """A step of independent tasks; `run` does them all, one after the other."""
-
-    def prepare(self, cfg: PipelineConfig) -> None:
-        """Cheap work before anything is submitted that fixes the number of tasks."""
-        ...
-
-    def tasks(self, cfg: PipelineConfig) -> int:
-        """How many tasks: as prepared, or at most this many before `prepare`."""
-        ...
-
-    def run_task(self, cfg: PipelineConfig, index: int) -> Any:
-        """Task `index` alone, unless it is complete."""
-        ...

@@ -11,11 +11,45 @@ step and never redoes finished work.
 
 from __future__ import annotations
 
+from typing import Any, Protocol
+
 from pipeline.config import PipelineConfig
-from pipeline.core.steps import Step
+from pipeline.core.steps import Placement
 from pipeline.data.steps import INDEX, TOKENIZE, TOKENIZER, VERIFY
 from pipeline.evaluation.steps import EVALUATE
 from pipeline.training.steps import TRAIN
+
+
+class Step(Protocol):
+    """A step of the run (pipeline.*/steps.py); see pipeline.core.steps."""
+
+    name: str
+    placement: Placement
+
+    def is_complete(self, cfg: PipelineConfig) -> bool:
+        """Its outputs are there, whole, for this config."""
+        ...
+
+    def run(self, cfg: PipelineConfig) -> Any:
+        """Do the work unless it is complete; returns what its marker records, or Interrupted."""
+        ...
+
+
+class ArrayStep(Step, Protocol):
+    """A step of independent tasks (Placement.ARRAY); `run` does them all, one after another."""
+
+    def prepare(self, cfg: PipelineConfig) -> None:
+        """Cheap work before anything is submitted that fixes the number of tasks."""
+        ...
+
+    def tasks(self, cfg: PipelineConfig) -> int:
+        """How many tasks: as prepared, or at most this many before `prepare`."""
+        ...
+
+    def run_task(self, cfg: PipelineConfig, index: int) -> Any:
+        """Task `index` alone, unless it is complete."""
+        ...
+
 
 STAGES: dict[str, list[Step]] = {
     "tokenize": [TOKENIZER, TOKENIZE, VERIFY],

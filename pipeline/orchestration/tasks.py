@@ -9,7 +9,8 @@ import sys
 from typing import Any
 
 from pipeline.config import PipelineConfig
-from pipeline.core.steps import ArrayStep, Interrupted, Step
+from pipeline.core.steps import Interrupted
+from pipeline.orchestration.graph import ArrayStep, Step
 
 
 def export_distributed_env() -> None:

@@ -13,9 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.conftest import CONF
-
-pytestmark = pytest.mark.gpu
+from tests.conftest import ROOT
 
 GPU_SMALL = [
     "train=gpu",
@@ -53,7 +51,7 @@ def pipeline(workdir: Path, *args: str) -> dict:
             *GPU_SMALL,
             *args,
         ],
-        cwd=CONF.parent,
+        cwd=ROOT,
         capture_output=True,
         text=True,
         timeout=900,

@@ -37,12 +37,6 @@ UP_TIMEOUT_S = 300
 DOWN_TIMEOUT_S = 180
 
 
-def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line(
-        "markers", "slurm: needs a real local Slurm cluster (tools/local_slurm.sh)"
-    )
-
-
 @dataclasses.dataclass(frozen=True)
 class SlurmCluster:
     dir: Path

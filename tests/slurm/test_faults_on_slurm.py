@@ -14,11 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from pipeline import checkpoint
-from pipeline.layout import RunLayout
-from tests.conftest import CONF, SMALL_SERIAL, cli, loss_curve
-
-pytestmark = pytest.mark.slurm
+from pipeline.core.paths import RunPaths
+from pipeline.training import checkpoint
+from tests.conftest import ROOT, SMALL_SERIAL, cli, loss_curve
 
 # Long enough to act on the job between its first checkpoint and its end.
 TRAIN = [
@@ -43,7 +41,7 @@ def submit(workdir: Path, reference: Path) -> subprocess.CompletedProcess:
     result = subprocess.run(
         [sys.executable, "-m", "pipeline", "cluster=slurm", f"workdir={workdir}"]
         + [*TRAIN, f"data.prepared={reference}", "stages=[train]"],
-        cwd=CONF.parent,
+        cwd=ROOT,
         capture_output=True,
         text=True,
         timeout=300,
@@ -79,7 +77,7 @@ def wait(predicate: Callable[[], bool], what: str, timeout_s: float = 600) -> No
 
 
 def wait_for_first_checkpoint(workdir: Path) -> None:
-    tracker = RunLayout.of(str(workdir)).checkpoints / checkpoint.TRACKER
+    tracker = RunPaths.of(workdir).checkpoints / checkpoint.TRACKER
     wait(tracker.exists, "the first checkpoint")
 
 
@@ -102,13 +100,13 @@ def test_a_cancelled_training_job_stays_cancelled_and_the_rerun_resumes(
     assert state(job) == "CANCELLED" and not in_queue(job)
     status = subprocess.run(
         [sys.executable, "-m", "pipeline.status", f"workdir={workdir}"],
-        cwd=CONF.parent,
+        cwd=ROOT,
         capture_output=True,
         text=True,
         timeout=120,
     )
     assert status.returncode == 1 and "CANCELLED" in status.stdout
-    saved = checkpoint.latest(RunLayout.of(str(workdir)).checkpoints)
+    saved = checkpoint.latest(RunPaths.of(workdir).checkpoints)
 
     again = submit(workdir, reference)
     assert "already complete: index" in again.stderr

@@ -8,8 +8,6 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.slurm
-
 TERMINAL_STATES = {
     "BOOT_FAIL",
     "CANCELLED",

@@ -11,11 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import CONF, SMALL
+from tests.conftest import ROOT, SMALL
 
-pytestmark = pytest.mark.slurm
-
-ROOT = CONF.parent
 DONE = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY"}
 
 

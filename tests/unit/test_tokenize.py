@@ -1,5 +1,6 @@
-"""Sharded tokenization: megatron-core reads back exactly what was encoded, bytes match
-Megatron-LM's preprocess_data.py, bad records are counted with file:line, reruns resume."""
+"""Sharded tokenization without torch: bad records are counted with file:line, strict mode stops
+at the first, byte ranges cover every line once, reruns resume. (Byte-compatibility with
+Megatron-LM is in tests/integration/test_indexed_format.py.)"""
 
 from __future__ import annotations
 
@@ -9,75 +10,29 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
-from megatron.core.datasets.indexed_dataset import DType, IndexedDataset, IndexedDatasetBuilder
 
-from pipeline import files, graph, shards, tokenize, tokenizer
-from pipeline.layout import RunLayout
-from pipeline.records import BadRecord
+from pipeline.core import files
+from pipeline.core.paths import RunPaths
+from pipeline.data import shards, tokenizer
+from pipeline.data.indexed import read_index
+from pipeline.data.records import BadRecord, Document, read
+from pipeline.data.steps import TOKENIZE, TOKENIZER
 from tests.conftest import make_config
 
 
-def preprocess_data_reference(jsonl: Path, model: Path, prefix: Path) -> None:
-    """What Megatron-LM's tools/preprocess_data.py writes for --tokenizer-type
-    GPTSentencePieceTokenizer --append-eod: one document per line, one sequence per document,
-    the eod (sentencepiece's eos) appended to non-empty documents, dtype from the vocab size."""
-    sp = tokenizer.load(model)
-    builder = IndexedDatasetBuilder(f"{prefix}.bin", dtype=DType.optimal_dtype(sp.vocab_size()))
-    with open(jsonl, encoding="utf-8") as f:
-        for line in f:
-            text = json.loads(line)["text"]
-            doc_ids, lengths = [], []
-            ids = sp.encode_as_ids(text)
-            if ids:
-                doc_ids.append(ids)
-                lengths.append(len(ids))
-            if doc_ids:
-                doc_ids[-1].append(sp.eos_id())
-                lengths[-1] += 1
-            builder.add_document(torch.IntTensor([t for d in doc_ids for t in d]), lengths)
-    builder.finalize(f"{prefix}.idx")
-
-
 def tokenize_all(cfg) -> list[dict]:
-    tokenizer.run(cfg)
-    graph.prepare_inputs(cfg)
-    return [tokenize.run_task(cfg, i) for i in range(len(shards.plan(cfg)))]
+    TOKENIZE.prepare(cfg)  # the shard plan (and the built-in corpus), as the launcher does
+    TOKENIZER.run(cfg)
+    return TOKENIZE.run(cfg)
 
 
-def test_shards_read_back_through_megatron_equal_the_encoded_documents(tokenized):
-    layout = RunLayout.of(tokenized.workdir)
-    sp = tokenizer.load(tokenizer.model_path(tokenized))
-    with open(shards.input_paths(tokenized)[0]) as f:
-        texts = [json.loads(line)["text"] for line in f]
-    read_back = []
-    for i in range(len(shards.plan(tokenized))):
-        ds = IndexedDataset(str(layout.shard_prefix(i)))
-        read_back += [np.array(ds[j]) for j in range(len(ds))]  # copies: ds unmaps on release
-    assert len(read_back) == len(texts)
-    for ids, text in zip(read_back, texts, strict=True):
-        assert ids[-1] == sp.eos_id()
-        assert sp.decode(ids[:-1].tolist()) == text
-        assert ids.dtype == np.uint16  # 512 pieces fit in 16 bits, as Megatron chooses
-
-
-def test_bytes_equal_megatron_preprocess_data(tokenized, tmp_path):
-    corpus = Path(shards.input_paths(tokenized)[0])
-    with_empty = tmp_path / "corpus.jsonl"
-    lines = corpus.read_text().splitlines(keepends=True)
-    with_empty.write_text("".join(lines[:40]) + '{"text": ""}\n' + "".join(lines[40:80]))
-    model = tokenizer.model_path(tokenized)
-    cfg = make_config(
-        tmp_path / "run",
-        f"data.inputs=[{with_empty}]",
-        "data.num_shards=1",
-        f"tokenizer.model={model}",
-    )
-    tokenize_all(cfg)
-    preprocess_data_reference(with_empty, model, tmp_path / "reference")
-    ours = RunLayout.of(cfg.workdir).shard_prefix(0)
-    for ext in (".bin", ".idx"):
-        assert Path(f"{ours}{ext}").read_bytes() == (tmp_path / f"reference{ext}").read_bytes()
+def sequences(paths: RunPaths, shard: int) -> list[np.ndarray]:
+    """The token ids of each sequence of a shard, read with the pipeline's own reader."""
+    prefix = paths.shard_prefix(shard)
+    index = read_index(f"{prefix}.idx")
+    tokens = np.fromfile(f"{prefix}.bin", dtype=index.dtype)
+    ends = np.cumsum(index.sequence_lengths)
+    return np.split(tokens, ends[:-1]) if len(ends) else []
 
 
 def write_bad_corpus(folder: Path) -> tuple[list[Path], list[str], dict[str, int]]:
@@ -122,7 +77,7 @@ def test_bad_records_are_counted_with_file_and_line(tokenized, tmp_path):
         f"data.inputs=[{tmp_path}/*.jsonl*]",
         "data.num_shards=1",
         "data.max_document_bytes=1000",
-        f"tokenizer.model={tokenizer.model_path(tokenized)}",
+        f"tokenizer.model={RunPaths.of(tokenized.workdir).tokenizer_model}",
     )
     [marker] = tokenize_all(cfg)
     assert marker["rejected"] == reasons
@@ -136,9 +91,8 @@ def test_bad_records_are_counted_with_file_and_line(tokenized, tmp_path):
         name == "truncated.jsonl.gz" and reason == "truncated_gzip"
         for (name, _), reason in where.items()
     )
-    sp = tokenizer.load(tokenizer.model_path(cfg))
-    ds = IndexedDataset(str(RunLayout.of(cfg.workdir).shard_prefix(0)))
-    texts = [sp.decode(ds[i][:-1].tolist()) for i in range(len(ds))]
+    sp = tokenizer.load(RunPaths.of(cfg.workdir).tokenizer_model)
+    texts = [sp.decode(ids[:-1].tolist()) for ids in sequences(RunPaths.of(cfg.workdir), 0)]
     assert texts[:4] == good
     gz_docs = texts[4:]
     assert gz_docs and gz_docs == [f"gz document {i}" for i in range(len(gz_docs))]
@@ -152,11 +106,11 @@ def test_strict_mode_stops_at_the_first_bad_record(tokenized, tmp_path):
         f"data.inputs=[{tmp_path}/mixed.jsonl]",
         "data.num_shards=1",
         "data.strict=true",
-        f"tokenizer.model={tokenizer.model_path(tokenized)}",
+        f"tokenizer.model={RunPaths.of(tokenized.workdir).tokenizer_model}",
     )
     with pytest.raises(BadRecord, match=r"mixed.jsonl:2: malformed_json"):
         tokenize_all(cfg)
-    assert not Path(f"{RunLayout.of(cfg.workdir).shard_prefix(0)}.bin").exists()
+    assert not Path(f"{RunPaths.of(cfg.workdir).shard_prefix(0)}.bin").exists()
 
 
 def test_byte_ranges_of_one_file_cover_every_line_once(tmp_path):
@@ -166,8 +120,6 @@ def test_byte_ranges_of_one_file_cover_every_line_once(tmp_path):
     )
     plan = shards.make_plan([(str(path), path.stat().st_size)], 7)
     assert len(plan) == 7
-    from pipeline.records import Document, read
-
     seen = [
         item.text
         for spans in plan
@@ -179,39 +131,15 @@ def test_byte_ranges_of_one_file_cover_every_line_once(tmp_path):
 
 
 def test_rerun_skips_complete_shards_and_redoes_incomplete_ones(tokenized):
-    layout = RunLayout.of(tokenized.workdir)
-    prefix = layout.shard_prefix(1)
+    paths = RunPaths.of(tokenized.workdir)
+    prefix = paths.shard_prefix(1)
     before = {ext: Path(f"{prefix}{ext}").stat().st_mtime_ns for ext in (".bin", ".idx")}
-    marker = tokenize.run_task(tokenized, 1)
+    marker = TOKENIZE.run_task(tokenized, 1)
     assert {ext: Path(f"{prefix}{ext}").stat().st_mtime_ns for ext in before} == before
-    tokenize.marker_path(prefix).unlink()  # as if the task died before marking itself complete
-    redone = tokenize.run_task(tokenized, 1)
+    paths.shard_marker(1).unlink()  # as if the task died before marking itself complete
+    assert not TOKENIZE.is_complete(tokenized)
+    redone = TOKENIZE.run_task(tokenized, 1)
     assert redone["bin_sha256"] == marker["bin_sha256"]
     assert redone["idx_sha256"] == marker["idx_sha256"]
-    assert files.read_json(tokenize.marker_path(prefix))["tokens"] == marker["tokens"]
-
-
-def test_text_that_encodes_to_no_tokens_is_an_empty_document_as_in_preprocess_data(
-    tokenized, tmp_path
-):
-    """With sentencepiece's default (lossy) normalization, whitespace-only text encodes to no
-    tokens: preprocess_data.py writes an empty document, not a lone end-of-document token."""
-    corpus_text = Path(shards.input_paths(tokenized)[0]).read_text().splitlines(keepends=True)
-    lossy = tokenized.tokenizer.copy()
-    lossy.lossless = False
-    model = tmp_path / "lossy.model"
-    model.write_bytes(
-        tokenizer.train_model([json.loads(line)["text"] for line in corpus_text], lossy)
-    )
-    assert tokenizer.load(model).encode("   ") == []
-    jsonl = tmp_path / "corpus.jsonl"
-    jsonl.write_text("".join(corpus_text[:10]) + '{"text": "   "}\n' + "".join(corpus_text[10:20]))
-    cfg = make_config(
-        tmp_path / "run", f"data.inputs=[{jsonl}]", "data.num_shards=1", f"tokenizer.model={model}"
-    )
-    [marker] = tokenize_all(cfg)
-    assert marker["no_token_documents"] == 1
-    preprocess_data_reference(jsonl, model, tmp_path / "reference")
-    ours = RunLayout.of(cfg.workdir).shard_prefix(0)
-    for ext in (".bin", ".idx"):
-        assert Path(f"{ours}{ext}").read_bytes() == (tmp_path / f"reference{ext}").read_bytes()
+    assert files.read_json(paths.shard_marker(1))["tokens"] == marker["tokens"]
+    assert TOKENIZE.is_complete(tokenized)

@@ -4,9 +4,16 @@ from __future__ import annotations
 
 import json
 
-from pipeline import tokenizer
-from pipeline.shards import input_paths
+from pipeline.core.paths import RunPaths
+from pipeline.data import tokenizer
+from pipeline.data.shards import input_paths
+from pipeline.data.steps import TOKENIZER
 from tests.conftest import make_config
+
+
+def corpus_file(cfg) -> str:
+    return input_paths(RunPaths.of(cfg.workdir), cfg.data)[0]
+
 
 TRICKY = [
     "a\nb",
@@ -24,8 +31,8 @@ TRICKY = [
 
 
 def test_round_trip_every_corpus_document_and_whitespace_edge_cases(tokenized):
-    sp = tokenizer.load(tokenizer.model_path(tokenized))
-    with open(input_paths(tokenized)[0]) as f:
+    sp = tokenizer.load(RunPaths.of(tokenized.workdir).tokenizer_model)
+    with open(corpus_file(tokenized)) as f:
         documents = [json.loads(line)["text"] for line in f]
     assert len(documents) > 50
     for text in documents + TRICKY:
@@ -33,13 +40,13 @@ def test_round_trip_every_corpus_document_and_whitespace_edge_cases(tokenized):
 
 
 def test_whitespace_variants_encode_differently(tokenized):
-    sp = tokenizer.load(tokenizer.model_path(tokenized))
+    sp = tokenizer.load(RunPaths.of(tokenized.workdir).tokenizer_model)
     encoded = {tuple(sp.encode(t)) for t in ("a\nb", "a b", "a   b")}
     assert len(encoded) == 3
 
 
 def test_same_seed_and_sample_give_the_same_model(tokenized, tmp_path):
-    with open(input_paths(tokenized)[0]) as f:
+    with open(corpus_file(tokenized)) as f:
         texts = [json.loads(line)["text"] for line in f][:200]
     first = tokenizer.train_model(texts, tokenized.tokenizer)
     second = tokenizer.train_model(texts, tokenized.tokenizer)
@@ -47,11 +54,11 @@ def test_same_seed_and_sample_give_the_same_model(tokenized, tmp_path):
 
 
 def test_existing_model_is_copied_into_the_run(tokenized, tmp_path):
-    source = tokenizer.model_path(tokenized)
+    source = RunPaths.of(tokenized.workdir).tokenizer_model
     cfg = make_config(tmp_path, f"tokenizer.model={source}")
-    meta = tokenizer.run(cfg)
-    assert not meta["trained"]
-    assert tokenizer.model_path(cfg).read_bytes() == source.read_bytes()
+    meta = TOKENIZER.run(cfg)
+    assert not meta["trained"] and TOKENIZER.is_complete(cfg)
+    assert RunPaths.of(cfg.workdir).tokenizer_model.read_bytes() == source.read_bytes()
 
 
 def test_reservoir_sample_is_seeded_and_bounded():

@@ -10,7 +10,8 @@ from typing import Any, Protocol
 from pipeline.config import PipelineConfig
 from pipeline.config.derived import tasks_per_node
 from pipeline.core.errors import StageError
-from pipeline.core.steps import Interrupted, Placement, Step
+from pipeline.core.steps import Interrupted, Placement
+from pipeline.orchestration.graph import Step
 
 
 class Executor(Protocol):

@@ -4,9 +4,10 @@ would write; run, submit and write nothing."""
 from __future__ import annotations
 
 from pipeline.config import PipelineConfig
-from pipeline.core.steps import Placement, Step
+from pipeline.core.steps import Placement
 from pipeline.orchestration.executors import slurm
 from pipeline.orchestration.executors.base import resources
+from pipeline.orchestration.graph import Step
 
 
 def describe_graph(steps: list[Step], cfg: PipelineConfig) -> str:

@@ -9,8 +9,9 @@ import os
 import time
 
 from pipeline.config import PipelineConfig
-from pipeline.core.steps import ArrayStep, Placement, Step
+from pipeline.core.steps import Placement
 from pipeline.orchestration.executors.base import resources, say, stop_if_interrupted
+from pipeline.orchestration.graph import ArrayStep, Step
 
 
 def _workers(cfg: PipelineConfig, tasks: int) -> int:

@@ -10,9 +10,10 @@ from typing import Any
 from pipeline.config import PipelineConfig
 from pipeline.config.derived import slurm_minutes
 from pipeline.core.paths import RunPaths
-from pipeline.core.steps import Placement, Step
+from pipeline.core.steps import Placement
 from pipeline.orchestration import slurm_queue
 from pipeline.orchestration.executors.base import resources, say
+from pipeline.orchestration.graph import Step
 from pipeline.orchestration.tasks import ArrayTask, DistributedTask
 
 

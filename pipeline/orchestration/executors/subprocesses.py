@@ -8,8 +8,9 @@ import time
 from pipeline.config import PipelineConfig
 from pipeline.core.errors import StageError
 from pipeline.core.paths import RunPaths
-from pipeline.core.steps import Placement, Step
+from pipeline.core.steps import Placement
 from pipeline.orchestration.executors.base import resources, say, stop_if_interrupted
+from pipeline.orchestration.graph import Step
 from pipeline.orchestration.tasks import ArrayTask, DistributedTask
 
 

@@ -12,9 +12,10 @@ import sys
 import time
 from pathlib import Path
 
-from pipeline import checkpoint, files
-from pipeline.layout import RunLayout
-from tests.conftest import CONF, SMALL_SERIAL, cli, copy_tokenized
+from pipeline.core import files
+from pipeline.core.paths import RunPaths
+from pipeline.training import checkpoint
+from tests.conftest import ROOT, SMALL_SERIAL, cli, copy_tokenized
 
 
 def ignore_sigxfsz() -> None:
@@ -43,11 +44,11 @@ def test_disk_full_during_a_checkpoint_save_keeps_the_earlier_ones(tokenized, tm
     workdir = copy_tokenized(tokenized, tmp_path / "run")
     data_before = snapshot(workdir / "data")
     command = [f"workdir={workdir}", *SMALL_SERIAL, "stages=[train]", "train.steps=100"]
-    root = RunLayout.of(str(workdir)).checkpoints
+    root = RunPaths.of(workdir).checkpoints
     with open(tmp_path / "stderr", "w+") as stderr:
         proc = subprocess.Popen(
             [sys.executable, "-m", "pipeline", "cluster=local", *command],
-            cwd=CONF.parent,
+            cwd=ROOT,
             stdout=subprocess.DEVNULL,
             stderr=stderr,
             preexec_fn=ignore_sigxfsz,
@@ -77,8 +78,8 @@ def test_disk_full_during_a_checkpoint_save_keeps_the_earlier_ones(tokenized, tm
 
 def test_disk_full_during_a_shard_write_then_the_rerun_completes(tokenized, tmp_path):
     workdir = tmp_path / "run"
-    tokenizer_model = RunLayout.of(tokenized.workdir).tokenizer_model
-    corpus = RunLayout.of(tokenized.workdir).corpus_dir / "builtin.jsonl"
+    tokenizer_model = RunPaths.of(tokenized.workdir).tokenizer_model
+    corpus = RunPaths.of(tokenized.workdir).builtin_corpus
     command = [
         f"workdir={workdir}",
         "stages=[tokenize]",
@@ -89,7 +90,7 @@ def test_disk_full_during_a_shard_write_then_the_rerun_completes(tokenized, tmp_
     full = cli(*command, preexec_fn=limit_file_size(100_000))  # a shard is ~300 kB
     assert full.returncode == 1
     line = error_line(full.stderr)
-    prefix = RunLayout.of(str(workdir)).shard_prefix(0)
+    prefix = RunPaths.of(workdir).shard_prefix(0)
     assert line.startswith(f"error: no space left writing shard 0 ({prefix}): File too large")
     assert not list(workdir.glob("data/*.partial.*")), "partial shard files are removed"
     tokenizer_before = snapshot(workdir / "tokenizer")
@@ -99,9 +100,7 @@ def test_disk_full_during_a_shard_write_then_the_rerun_completes(tokenized, tmp_
     assert "already complete: tokenizer" in rerun.stderr
     assert snapshot(workdir / "tokenizer") == tokenizer_before
     for index in range(2):  # the same bytes as a run that never ran out of space
-        ours = files.read_json(f"{RunLayout.of(str(workdir)).shard_prefix(index)}.done.json")
-        reference = files.read_json(
-            f"{RunLayout.of(tokenized.workdir).shard_prefix(index)}.done.json"
-        )
+        ours = files.read_json(RunPaths.of(workdir).shard_marker(index))
+        reference = files.read_json(RunPaths.of(tokenized.workdir).shard_marker(index))
         assert ours["bin_sha256"] == reference["bin_sha256"]
         assert ours["idx_sha256"] == reference["idx_sha256"]

@@ -1,120 +1,22 @@
-"""The plan's arithmetic: parameter counts equal the megatron-core model the pipeline builds,
-per-GPU shares under tensor and pipeline parallelism, Megatron-LM's FLOP formula, memory, wall
-time and the layout search."""
+"""The plan's arithmetic, checked by hand: parameter counts and per-GPU shares under tensor and
+pipeline parallelism, Megatron-LM's FLOP formula, memory, wall time, the layout search, and
+the checks before submission. (tests/integration/test_model.py compares the counts with the
+megatron-core model itself.)"""
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from dataclasses import replace
-from pathlib import Path
 
 import pytest
 
-from pipeline import flops, plan
+from pipeline.config import ConfigError
+from pipeline.model import flops
+from pipeline.model.parameters import layer_params, parameter_count, stage_params
+from pipeline.plan import pop_options
+from pipeline.planning import memory, preflight, render, search, throughput
+from pipeline.planning.parallel_layout import ParallelLayout
+from pipeline.runtime.gpus import capacity_bytes
 from tests.conftest import make_config
-
-ROOT = Path(__file__).resolve().parents[2]
-SMALL = ["model.num_layers=2", "model.hidden_size=64", "model.num_attention_heads=4"]
-
-# Differently shaped small models: (overrides, tokenizer vocabulary before padding).
-SHAPES = {
-    # gpt-125m shrunk: GeLU, LayerNorm, biases, tied embeddings, learned positions
-    "gpt-125m-like": (["model=gpt-125m", *SMALL, "model.seq_length=32"], 500),
-    # llama-like: SwiGLU, RMSNorm, GQA, untied, RoPE
-    "llama-like": (
-        ["model=tiny", *SMALL, "model.num_query_groups=2", "model.ffn_hidden_size=160"],
-        1000,
-    ),
-    # GeLU with RMSNorm and no biases, untied, RoPE, plain multi-head, derived FFN (4h)
-    "gelu-rmsnorm": (
-        [
-            "model=tiny",
-            *SMALL,
-            "model.activation=gelu",
-            "model.num_query_groups=null",
-            "model.ffn_hidden_size=null",
-        ],
-        300,
-    ),
-    # SwiGLU with LayerNorm and biases, tied, learned positions beyond the sequence, one
-    # key/value head (MQA), derived FFN (8/3 h rounded to 64)
-    "swiglu-layernorm-mqa": (
-        [
-            "model=gpt-125m",
-            "model.num_layers=3",
-            "model.hidden_size=96",
-            "model.num_attention_heads=3",
-            "model.num_query_groups=1",
-            "model.activation=swiglu",
-            "model.ffn_hidden_size=null",
-            "model.seq_length=32",
-            "model.max_position_embeddings=48",
-        ],
-        130,
-    ),
-    # GeLU, LayerNorm, biases, untied, RoPE, GQA, vocabulary padded to a multiple of 64
-    "gelu-layernorm-gqa-untied": (
-        [
-            "model=gpt-125m",
-            *SMALL,
-            "model.num_attention_heads=8",
-            "model.num_query_groups=4",
-            "model.untie_embeddings=true",
-            "model.position_embedding=rope",
-            "model.ffn_hidden_size=96",
-            "model.make_vocab_size_divisible_by=64",
-        ],
-        700,
-    ),
-}
-
-
-@pytest.fixture(scope="module")
-def model_parallel():
-    """A single-process group with tensor and pipeline size 1, as the engine sets it up."""
-    from megatron.core import parallel_state
-
-    from pipeline import distributed
-
-    distributed.init("gloo")
-    if not parallel_state.model_parallel_is_initialized():
-        parallel_state.initialize_model_parallel(1, 1)
-
-
-def _breakdown(gpt) -> dict[str, int]:
-    """Per-layer attention / MLP / norm parameters of layer 0, by megatron-core's names."""
-    counts = {"attention_per_layer": 0, "mlp_per_layer": 0, "norms_per_layer": 0}
-    for name, param in gpt.named_parameters():
-        if not name.startswith("decoder.layers.0."):
-            continue
-        if "layernorm" in name:
-            counts["norms_per_layer"] += param.numel()
-        elif ".self_attention." in name:
-            counts["attention_per_layer"] += param.numel()
-        elif ".mlp." in name:
-            counts["mlp_per_layer"] += param.numel()
-    return counts
-
-
-@pytest.mark.parametrize("shape", sorted(SHAPES))
-def test_parameter_count_equals_the_built_megatron_model(shape, model_parallel, tmp_path):
-    from pipeline import model
-    from pipeline.backend import CpuBackend
-
-    overrides, vocab = SHAPES[shape]
-    cfg = make_config(tmp_path, *overrides)
-    gpt = model.build(cfg, vocab, CpuBackend())
-    built = model.count_parameters(gpt)
-    planned = plan.parameter_count(cfg, vocab)
-    assert {key: planned[key] for key in built} == built
-    assert {key: planned[key] for key in _breakdown(gpt)} == _breakdown(gpt)
-    position = sum(p.numel() for n, p in gpt.named_parameters() if "position_embeddings" in n)
-    assert planned["position_embedding"] == position
-    assert planned["padded_vocab"] == model.padded_vocab_size(vocab, cfg)
-    # one GPU holds the whole model
-    assert plan.stage_params(cfg, vocab, 1, 1, 0)["total"] == built["total"]
 
 
 def test_gpt_1_3b_counted_by_hand(tmp_path):
@@ -136,20 +38,20 @@ def test_gpt_1_3b_counted_by_hand(tmp_path):
       24 x (51,380,224 / 4 + 4,096) + 2,048 + 2 x 32,256 x 2048 / 4 = 341,411,840
     """
     cfg = make_config(tmp_path, "model=gpt-1.3b")
-    counts = plan.parameter_count(cfg, 32000)
+    counts = parameter_count(cfg.model, 32000)
     assert counts["attention_per_layer"] == 16_777_216
     assert counts["mlp_per_layer"] == 34_603_008
     assert counts["norms_per_layer"] == 4_096
     assert counts["transformer"] == 1_233_225_728
     assert counts["embedding"] == counts["output_layer"] == 65_536_000
     assert counts["total"] == 1_364_297_728
-    first, last = (plan.stage_params(cfg, 32000, 2, 2, stage) for stage in (0, 1))
+    first, last = (stage_params(cfg.model, 32000, 2, 2, stage) for stage in (0, 1))
     assert (first["embedding"], first["output_layer"]) == (32_768_000, 0)
     assert first["total"] == 341_098_496
     assert (last["embedding"], last["output_layer"]) == (0, 32_768_000)
     assert last["total"] == 341_100_544
-    assert plan.parameter_count(cfg, 32000, tensor=4)["padded_vocab"] == 32_256
-    assert plan.stage_params(cfg, 32000, 4, 1, 0)["total"] == 341_411_840
+    assert parameter_count(cfg.model, 32000, tensor=4)["padded_vocab"] == 32_256
+    assert stage_params(cfg.model, 32000, 4, 1, 0)["total"] == 341_411_840
 
 
 def test_llama_8b_counted_by_hand(tmp_path):
@@ -164,20 +66,20 @@ def test_llama_8b_counted_by_hand(tmp_path):
     TP=2, PP=4, first stage: 8 x (218,103,808 / 2 + 8,192) + 128,256 x 4096 / 2 = 1,135,149,056
     """
     cfg = make_config(tmp_path, "model=llama-8b")
-    assert plan.parameter_count(cfg, 128256)["total"] == 8_030_261_248
-    assert plan.stage_params(cfg, 128256, 8, 1, 0)["total"] == 1_004_802_048
-    assert plan.stage_params(cfg, 128256, 2, 4, 0)["total"] == 1_135_149_056
-    assert plan.stage_params(cfg, 128256, 2, 4, 3)["total"] == 1_135_149_056 + 4_096
+    assert parameter_count(cfg.model, 128256)["total"] == 8_030_261_248
+    assert stage_params(cfg.model, 128256, 8, 1, 0)["total"] == 1_004_802_048
+    assert stage_params(cfg.model, 128256, 2, 4, 0)["total"] == 1_135_149_056
+    assert stage_params(cfg.model, 128256, 2, 4, 3)["total"] == 1_135_149_056 + 4_096
 
 
 def test_tied_embeddings_need_an_output_copy_only_across_pipeline_stages(tmp_path):
     cfg = make_config(tmp_path, "model=gpt-350m")  # tied, learned positions, biases
-    whole = plan.stage_params(cfg, 50257, 1, 1, 0)
+    whole = stage_params(cfg.model, 50257, 1, 1, 0)
     assert whole["output_layer"] == 0
-    last = plan.stage_params(cfg, 50257, 1, 4, 3)
-    assert last["output_layer"] == plan.parameter_count(cfg, 50257)["word_embedding"]
+    last = stage_params(cfg.model, 50257, 1, 4, 3)
+    assert last["output_layer"] == parameter_count(cfg.model, 50257)["word_embedding"]
     # row-parallel biases and norms stay whole on each tensor-parallel rank
-    layer = plan.layer_params(cfg)
+    layer = layer_params(cfg.model)
     assert layer["attention"].replicated == 1024  # output projection bias
     assert layer["mlp"].replicated == 1024  # FC2 bias
     assert layer["norms"].replicated == 4 * 1024  # two LayerNorms, weight and bias
@@ -196,13 +98,15 @@ def test_flops_match_megatron_lm_by_hand(tmp_path):
       (32 x 251,658,240 + 4096 x 128,256) x 6 = 51,470,401,536 per token
     """
     cfg = make_config(tmp_path, "model=gpt-1.3b", "model.seq_length=2048")
-    assert flops.flops_per_token(cfg, 32000) == 8_395_948_032
-    assert flops.flops_per_sequence(cfg, 32000) == 17_194_901_569_536
+    assert flops.flops_per_token(cfg.model, 32000, 1) == 8_395_948_032
+    assert flops.flops_per_sequence(cfg.model, 32000, 1) == 17_194_901_569_536
     llama = make_config(tmp_path, "model=llama-8b")
-    assert flops.flops_per_token(llama, 128256) == 51_470_401_536
+    assert flops.flops_per_token(llama.model, 128256, 1) == 51_470_401_536
     # the causal factor: doubling the sequence adds half the old full-matrix attention term
     longer = make_config(tmp_path, "model=gpt-1.3b", "model.seq_length=4096")
-    extra = flops.flops_per_token(longer, 32000) - flops.flops_per_token(cfg, 32000)
+    extra = flops.flops_per_token(longer.model, 32000, 1) - flops.flops_per_token(
+        cfg.model, 32000, 1
+    )
     assert extra == 6 * 24 * 2048 * 2048
 
 
@@ -217,7 +121,7 @@ def _gpt3_layout(tmp_path, tensor: int, sp: bool, recompute: str):
         "model.seq_length=2048",
         validate=False,
     )
-    layout = plan.Layout(
+    layout = ParallelLayout(
         tensor=tensor,
         micro_batch=2,
         recompute=recompute,
@@ -232,61 +136,67 @@ def test_activations_reproduce_korthikanti(tmp_path, tensor):
     cfg, layout = _gpt3_layout(tmp_path, tensor, sp=False, recompute="none")
     s, b, h, a, t = 2048, 2, 1024, 16, tensor
     sbh = s * b * h
-    assert plan.layer_activations(cfg, layout) == sbh * (10 + 24 / t) + 5 * a * s * s * b / t
-    assert plan.layer_activations(cfg, replace(layout, sequence_parallel=True)) == (
+    assert (
+        memory.layer_activations(cfg.model, layout) == sbh * (10 + 24 / t) + 5 * a * s * s * b / t
+    )
+    assert memory.layer_activations(cfg.model, replace(layout, sequence_parallel=True)) == (
         sbh * 34 / t + 5 * a * s * s * b / t
     )
     selective = replace(layout, recompute="selective", sequence_parallel=True)
-    assert plan.layer_activations(cfg, selective) == sbh * 34 / t
+    assert memory.layer_activations(cfg.model, selective) == sbh * 34 / t
     full = replace(layout, recompute="full", sequence_parallel=True)
-    assert plan.layer_activations(cfg, full) == 2 * sbh / t
+    assert memory.layer_activations(cfg.model, full) == 2 * sbh / t
 
 
 def test_activations_follow_the_kernels_and_shapes(tmp_path):
     cfg = make_config(tmp_path, "model=gpt-1.3b", "train=gpu", "cluster.gpus_per_node=1")
-    layout = plan.Layout.of(cfg)
+    layout = ParallelLayout.of(cfg)
     assert layout.fused_kernels and layout.precision == "bf16"
     s, b, h = 2048, layout.micro_batch, 2048
     sbh = s * b * h
     # no dropout, flash attention: 8 (norms) + 6 (QKV) + 2 (attention output)
     # + 2 x 2 x 5632/2048 (SwiGLU FC1 output) + 2 x 5632/2048 (FC2 input) = 32.5 s*b*h,
     # plus one fp32 log-sum-exp per head and token
-    assert plan.layer_activations(cfg, layout) == 32.5 * sbh + 4 * 16 * s * b
-    assert plan.layer_activations(cfg, replace(layout, recompute="selective")) == 32.5 * sbh
-    fp8 = plan.layer_activations(cfg, replace(layout, precision="fp8"))
-    assert fp8 < plan.layer_activations(cfg, layout)
+    assert memory.layer_activations(cfg.model, layout) == 32.5 * sbh + 4 * 16 * s * b
+    assert memory.layer_activations(cfg.model, replace(layout, recompute="selective")) == 32.5 * sbh
+    fp8 = memory.layer_activations(cfg.model, replace(layout, precision="fp8"))
+    assert fp8 < memory.layer_activations(cfg.model, layout)
     # GQA: fewer key/value heads keep less
     gqa = make_config(tmp_path, "model=gpt-1.3b", "model.num_query_groups=4", "train=gpu")
-    assert plan.layer_activations(gqa, layout) == plan.layer_activations(cfg, layout) - 2 * 2 * (
-        s * b * 128 * 12
-    )
+    assert memory.layer_activations(gqa.model, layout) == memory.layer_activations(
+        cfg.model, layout
+    ) - 2 * 2 * (s * b * 128 * 12)
 
 
 def test_static_memory_per_parameter(tmp_path):
     cfg = make_config(tmp_path, "model=gpt-1.3b", "train=gpu", "cluster.gpus_per_node=8")
-    n = plan.stage_params(cfg, 32000, 1, 1, 0)["total"]
-    dist = plan.memory_per_gpu(cfg, 32000, plan.Layout(data=8, distributed_optimizer=True))
-    plain = plan.memory_per_gpu(cfg, 32000, plan.Layout(data=8, distributed_optimizer=False))
+    n = stage_params(cfg.model, 32000, 1, 1, 0)["total"]
+    dist = memory.memory_per_gpu(
+        cfg.model, 32000, ParallelLayout(data=8, distributed_optimizer=True)
+    )
+    plain = memory.memory_per_gpu(
+        cfg.model, 32000, ParallelLayout(data=8, distributed_optimizer=False)
+    )
     assert (dist["weights"], dist["gradients"]) == (2 * n, 4 * n)
     assert plain["optimizer"] == 12 * n  # fp32 master + two Adam moments
     assert dist["optimizer"] == -(-12 * n // 8)  # sharded over data-parallel ranks
-    fp32 = plan.memory_per_gpu(cfg, 32000, plan.Layout(precision="fp32"))
+    fp32 = memory.memory_per_gpu(cfg.model, 32000, ParallelLayout(precision="fp32"))
     assert (fp32["weights"], fp32["optimizer"]) == (4 * n, 8 * n)
-    assert dist["overhead"] == plan.FIXED_OVERHEAD_BYTES
+    assert dist["overhead"] == memory.FIXED_OVERHEAD_BYTES
     parts = ("weights", "gradients", "optimizer", "activations", "logits", "working", "overhead")
     assert dist["total"] == sum(dist[key] for key in parts)
 
 
 def test_pipeline_stages_hold_micro_batches_in_flight(tmp_path):
     cfg = make_config(tmp_path, "model=gpt-1.3b", "train=gpu", validate=False)
-    layout = plan.Layout(pipeline=4, grad_accum=8, micro_batch=4)
-    assert [plan.micro_batches_in_flight(layout, s) for s in range(4)] == [4, 3, 2, 1]
-    assert plan.micro_batches_in_flight(replace(layout, grad_accum=2), 0) == 2
+    layout = ParallelLayout(pipeline=4, grad_accum=8, micro_batch=4)
+    assert [memory.micro_batches_in_flight(layout, s) for s in range(4)] == [4, 3, 2, 1]
+    assert memory.micro_batches_in_flight(replace(layout, grad_accum=2), 0) == 2
     # interleaved: 2 (PP-1) + (v-1) PP + 1 chunks of 1/v stage on the first stage
-    assert plan.micro_batches_in_flight(replace(layout, virtual_pipeline=2), 0) == 11 / 2
-    first = plan.stage_memory(cfg, 32000, layout, 0)
-    last = plan.stage_memory(cfg, 32000, layout, 3)
-    per_micro_batch = plan.stage_activations(cfg, layout)
+    assert memory.micro_batches_in_flight(replace(layout, virtual_pipeline=2), 0) == 11 / 2
+    first = memory.stage_memory(cfg.model, 32000, layout, 0)
+    last = memory.stage_memory(cfg.model, 32000, layout, 3)
+    per_micro_batch = memory.stage_activations(cfg.model, layout)
     assert first["activations"] == 4 * per_micro_batch
     assert last["activations"] == per_micro_batch
     assert first["logits"] == 0 < last["logits"]
@@ -305,22 +215,22 @@ def test_wall_time_for_a_token_budget(tmp_path):
         "train.micro_batch_size=4",
         "train.global_batch_size=64",
     )
-    assert plan.tokens_per_step(cfg) == 64 * 2048
-    assert plan.steps_for(1e9, cfg) == 7630  # ceil(1e9 / 131,072)
-    seconds = plan.wall_seconds(cfg, 32000, 7630, 8, 989.0, 0.5)
+    assert throughput.tokens_per_step(cfg) == 64 * 2048
+    assert throughput.steps_for(1e9, cfg) == 7630  # ceil(1e9 / 131,072)
+    seconds = throughput.wall_seconds(cfg, 32000, 7630, 8, 989.0, 0.5)
     expected = 17_194_901_569_536 * 64 * 7630 / (8 * 989e12 * 0.5)
     assert seconds == pytest.approx(expected)
 
 
 def test_search_rejects_tensor_parallel_sizes_that_do_not_divide_heads(tmp_path):
     cfg = make_config(tmp_path, "model=gpt-1.3b", "train=gpu", "train.global_batch_size=48")
-    found = plan.search_layouts(cfg, 32000, gpus=6, gpu_memory_gb=80)
+    found = search.search_layouts(cfg, 32000, gpus=6, gpu_memory_gb=80)
     assert "TP=3 does not divide 16 heads" in found.rejected
     assert "TP=6 does not divide 16 heads" in found.rejected
     assert {c.layout.tensor for c in found.feasible} <= {1, 2}
     assert {c.layout.pipeline for c in found.feasible} == {1, 2, 3, 6}  # all divide 24 layers
     llama = make_config(tmp_path, "model=llama-8b", "train=gpu", "train.global_batch_size=48")
-    rejected = plan.search_layouts(llama, 128256, gpus=6, gpu_memory_gb=141).rejected
+    rejected = search.search_layouts(llama, 128256, gpus=6, gpu_memory_gb=141).rejected
     assert "TP=3 does not divide 32 heads" in rejected
     assert "PP=3 does not divide 32 layers" in rejected
 
@@ -328,12 +238,12 @@ def test_search_rejects_tensor_parallel_sizes_that_do_not_divide_heads(tmp_path)
 def test_search_rejects_layouts_over_memory(tmp_path):
     cfg = make_config(tmp_path, "model=gpt-1.3b", "train=gpu", "train.global_batch_size=64")
     # 18 bytes per parameter of weights, gradients and Adam do not fit 24 GiB without sharding
-    alone = plan.search_layouts(cfg, 32000, gpus=1, gpu_memory_gb=24)
+    alone = search.search_layouts(cfg, 32000, gpus=1, gpu_memory_gb=24)
     assert not alone.feasible
     assert all(reason.endswith("> 24.0 GiB") for reason in alone.rejected)
-    found = plan.search_layouts(cfg, 32000, gpus=1, gpu_memory_gb=80)
+    found = search.search_layouts(cfg, 32000, gpus=1, gpu_memory_gb=80)
     assert "TP=1 PP=1 DP=1 mbs=64 recompute=none" in " ".join(found.rejected)
-    capacity = plan.gpu_capacity_bytes(80)
+    capacity = capacity_bytes(80)
     assert all(c.memory["total"] <= capacity for c in found.feasible)
     needs = [c for c in found.feasible if c.layout.micro_batch == 64]
     assert needs and all(c.layout.recompute == "full" for c in needs)
@@ -341,24 +251,26 @@ def test_search_rejects_layouts_over_memory(tmp_path):
 
 def test_best_layout_for_gpt_1_3b_needs_no_tensor_parallelism(tmp_path):
     cfg = make_config(tmp_path, "model=gpt-1.3b", "train=gpu", "train.global_batch_size=64")
-    best = plan.search_layouts(cfg, 32000, gpus=1, gpu_memory_gb=141).feasible[0]
+    best = search.search_layouts(cfg, 32000, gpus=1, gpu_memory_gb=141).feasible[0]
     assert (best.layout.tensor, best.layout.pipeline) == (1, 1)
     assert best.layout.recompute == "none"
     many = make_config(tmp_path, "model=gpt-1.3b", "train=gpu", "train.global_batch_size=256")
-    ranked = plan.search_layouts(many, 32000, gpus=8, gpu_memory_gb=141).feasible
+    ranked = search.search_layouts(many, 32000, gpus=8, gpu_memory_gb=141).feasible
     assert (ranked[0].layout.tensor, ranked[0].layout.pipeline, ranked[0].layout.data) == (1, 1, 8)
     speeds = [c.throughput["tokens_per_s_per_gpu"] for c in ranked]
     assert speeds == sorted(speeds, reverse=True)
     # tensor parallelism across nodes pays for the network
-    inside = plan.expected_step(many, 32000, plan.Layout(tensor=8, micro_batch=8, grad_accum=32))
-    across = plan.expected_step(
-        many, 32000, plan.Layout(tensor=8, micro_batch=8, grad_accum=32), gpus_per_node=4
+    inside = throughput.expected_step(
+        many, 32000, ParallelLayout(tensor=8, micro_batch=8, grad_accum=32)
+    )
+    across = throughput.expected_step(
+        many, 32000, ParallelLayout(tensor=8, micro_batch=8, grad_accum=32), gpus_per_node=4
     )
     assert across["step_s"] > inside["step_s"]
 
 
 def test_plan_options_are_taken_off_the_command_line():
-    options, rest = plan.pop_options(
+    options, rest = pop_options(
         ["model=gpt-1.3b", "--search", "--gpu-memory", "141", "--tokens=2B", "plan.mfu=0.4"]
     )
     assert rest == ["model=gpt-1.3b"]
@@ -372,48 +284,10 @@ def test_plan_options_are_taken_off_the_command_line():
 
 def test_summary_lines_for_the_launcher(tmp_path):
     cfg = make_config(tmp_path, "model=gpt-1.3b", "train=gpu", "cluster.gpus_per_node=1")
-    lines = plan.summary_lines(cfg, 32000)
+    lines = render.summary_lines(cfg, 32000)
     assert "1.36 B parameters" in lines[0] and "output layer 65.5 M" in lines[0]
     assert lines[1].startswith("[plan] memory per GPU ~")
     assert "524,288 tokens/step x 20000 steps" in lines[2]
-
-
-def test_cli_reads_the_vocabulary_from_the_manifest_and_searches(tmp_path):
-    (tmp_path / "data").mkdir()
-    (tmp_path / "data" / "manifest.json").write_text(json.dumps({"vocab_size": 32000}))
-    out = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pipeline.plan",
-            f"workdir={tmp_path}",
-            "model=gpt-1.3b",
-            "train=gpu",
-            "cluster.gpus_per_node=1",
-            "--search",
-            "--gpu-memory",
-            "80",
-            "--tokens",
-            "1B",
-        ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert out.returncode == 0, out.stderr
-    assert "Vocabulary: 32000 (" in out.stdout and "manifest.json" in out.stdout
-    assert "Parameters: 1.36 B (1,364,297,728)" in out.stdout
-    assert "Token budget: 1 B (--tokens) = 1,908 steps" in out.stdout
-    assert "Layout search" in out.stdout and "Rejected" in out.stdout
-    bad = subprocess.run(
-        [sys.executable, "-m", "pipeline.plan", f"workdir={tmp_path}", "train.micro_batch_size=3"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert bad.returncode == 2 and "error: train.global_batch_size" in bad.stderr
 
 
 # --- checks before submission: what would fail after hours in the queue ---------------------
@@ -453,8 +327,8 @@ def test_preflight_refuses_what_would_fail_in_the_queue(overrides, key, fragment
     cfg = make_config(
         tmp_path, "train.micro_batch_size=1", "train.global_batch_size=256", *overrides
     )
-    with pytest.raises(plan.ConfigError) as error:
-        plan.preflight(cfg, 32000)
+    with pytest.raises(ConfigError) as error:
+        preflight.check_training(cfg, 32000)
     assert str(error.value).startswith(f"{key}: ") and fragment in str(error.value)
 
 
@@ -462,20 +336,5 @@ def test_preflight_accepts_a_layout_that_fits_and_time_to_save(tmp_path):
     cfg = make_config(
         tmp_path, *GPU_SLURM, "model=gpt-1.3b", "train.micro_batch_size=4", "train.precision=fp8"
     )
-    plan.preflight(cfg, 32000)
-    assert plan.gpu_memory_gb(cfg) == 80
-
-
-def test_a_refused_launch_is_one_line_and_writes_nothing(tmp_path):
-    workdir = tmp_path / "run"
-    done = subprocess.run(
-        [sys.executable, "-m", "pipeline", "cluster=local", f"workdir={workdir}", *GPU_SLURM,
-         "cluster.time_limit=00:02:00"],
-        cwd=ROOT, capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
-    assert done.returncode == 2
-    assert done.stderr.strip().splitlines() == [
-        "error: cluster.time_limit: 00:02:00 leaves no time to train before the save signal "
-        "120 s before the end; make it longer"
-    ]
-    assert not workdir.exists()
+    preflight.check_training(cfg, 32000)
+    assert preflight.gpu_memory_gb(cfg) == 80

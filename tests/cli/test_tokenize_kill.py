@@ -10,9 +10,11 @@ import sys
 import time
 from pathlib import Path
 
-from pipeline import files, shards, tokenize, tokenizer
-from pipeline.layout import RunLayout
-from tests.conftest import CONF
+from pipeline.core import files
+from pipeline.core.paths import RunPaths
+from pipeline.data import shards
+from pipeline.data.tokenize import is_shard_complete
+from tests.conftest import ROOT
 
 
 def _tokenize_command(workdir: Path, corpus: Path, model: Path) -> list[str]:
@@ -31,19 +33,21 @@ def _tokenize_command(workdir: Path, corpus: Path, model: Path) -> list[str]:
 
 
 def test_killed_task_leaves_nothing_readable_and_rerun_is_identical(tokenized, tmp_path):
-    source = Path(shards.input_paths(tokenized)[0]).read_text()
+    paths = RunPaths.of(tokenized.workdir)
+    source = Path(shards.input_paths(paths, tokenized.data)[0]).read_text()
     corpus = tmp_path / "corpus.jsonl"
     corpus.write_text(source * 40)  # tens of MB: seconds of tokenizing
-    model = tokenizer.model_path(tokenized)
+    model = paths.tokenizer_model
 
     killed = tmp_path / "killed"
     proc = subprocess.Popen(
         _tokenize_command(killed, corpus, model),
-        cwd=CONF.parent,
+        cwd=ROOT,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
-    data_dir = RunLayout.of(str(killed)).data_dir
+    run = RunPaths.of(killed)
+    data_dir = run.data_dir
     deadline = time.time() + 120
     while time.time() < deadline and proc.poll() is None:
         written = [
@@ -58,22 +62,22 @@ def test_killed_task_leaves_nothing_readable_and_rerun_is_identical(tokenized, t
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
 
-    prefix = RunLayout.of(str(killed)).shard_prefix(0)
-    assert not tokenize.is_shard_complete(prefix)
-    assert not tokenize.marker_path(prefix).exists()
-    assert not RunLayout.of(str(killed)).manifest.exists()
+    prefix = run.shard_prefix(0)
+    assert not is_shard_complete(run, 0)
+    assert not run.shard_marker(0).exists()
+    assert not run.manifest.exists()
 
     clean = tmp_path / "clean"
     for workdir in (killed, clean):  # resume the killed run; tokenize afresh for comparison
         subprocess.run(
             _tokenize_command(workdir, corpus, model),
-            cwd=CONF.parent,
+            cwd=ROOT,
             check=True,
             capture_output=True,
             timeout=600,
         )
-    resumed_marker = files.read_json(tokenize.marker_path(prefix))
-    clean_marker = files.read_json(tokenize.marker_path(RunLayout.of(str(clean)).shard_prefix(0)))
+    resumed_marker = files.read_json(run.shard_marker(0))
+    clean_marker = files.read_json(RunPaths.of(clean).shard_marker(0))
     for key in ("bin_sha256", "idx_sha256", "documents", "tokens"):
         assert resumed_marker[key] == clean_marker[key], key
     assert files.sha256(f"{prefix}.bin") == clean_marker["bin_sha256"]

@@ -9,37 +9,44 @@ import shutil
 
 import pytest
 
-from pipeline import checkpoint, data, evaluate, files, train
-from pipeline.layout import RunLayout
+from pipeline.core import files
+from pipeline.core.paths import RunPaths
+from pipeline.data import datasets
+from pipeline.evaluation.steps import EVALUATE
+from pipeline.training import checkpoint
+from pipeline.training.steps import TRAIN
+from pipeline.training.trainer import Trainer
+from tests.conftest import changed
 
 
 def _losses(cfg) -> dict[int, float]:
-    lines = RunLayout.of(cfg.workdir).metrics.read_text().splitlines()
+    lines = RunPaths.of(cfg.workdir).metrics.read_text().splitlines()
     return {r["step"]: r["loss"] for r in map(json.loads, lines) if "loss" in r}
 
 
 def test_loss_falls_on_a_fixed_batch(run_copy):
-    run_copy.train.steps = 200  # keep the learning rate up: the schedule spans the run
-    trainer = train.Trainer(run_copy)
-    dataset, _ = data.train_valid_datasets(run_copy)
-    batch = next(iter(trainer.iterators(dataset, 0, run_copy.train.micro_batch_size)[0]))
+    cfg = changed(
+        run_copy, "train", steps=200
+    )  # keep the learning rate up: the schedule spans the run
+    trainer = Trainer(cfg)
+    dataset, _ = datasets.train_valid_datasets(cfg)
+    batch = next(iter(trainer.iterators(dataset, 0, cfg.train.micro_batch_size)[0]))
     losses = [trainer.train_step([itertools.repeat(batch)])[0] for _ in range(40)]
     assert losses[-1] < 0.3 * losses[0], losses
 
 
 def test_resume_from_a_checkpoint_reproduces_the_loss_curve(run_copy):
-    cfg = run_copy
-    cfg.train.log_interval = 1
-    first = train.run(cfg)
+    cfg = changed(run_copy, "train", log_interval=1)
+    first = TRAIN.run(cfg)
     assert first["status"] == "complete"
     uninterrupted = _losses(cfg)
     assert sorted(uninterrupted) == list(range(1, cfg.train.steps + 1))
 
-    layout = RunLayout.of(cfg.workdir)
-    shutil.rmtree(layout.checkpoints / checkpoint.folder_name(20))  # as if killed after step 10
-    layout.train_done.unlink()
-    layout.metrics.unlink()
-    resumed = train.run(cfg)
+    paths = RunPaths.of(cfg.workdir)
+    shutil.rmtree(paths.checkpoints / checkpoint.folder_name(20))  # as if killed after step 10
+    paths.train_done.unlink()
+    paths.metrics.unlink()
+    resumed = TRAIN.run(cfg)
     assert resumed["status"] == "complete"
     replay = _losses(cfg)
     assert sorted(replay) == list(range(11, 21))
@@ -47,30 +54,28 @@ def test_resume_from_a_checkpoint_reproduces_the_loss_curve(run_copy):
 
 
 def test_best_checkpoint_has_the_lowest_validation_loss_and_survives_retention(run_copy):
-    cfg = run_copy
-    cfg.train.steps = 30
-    cfg.train.keep_last = 1
-    train.run(cfg)
-    root = RunLayout.of(cfg.workdir).checkpoints
+    cfg = changed(run_copy, "train", steps=30, keep_last=1)
+    TRAIN.run(cfg)
+    root = RunPaths.of(cfg.workdir).checkpoints
     saved = sorted(p.name for p in root.glob("iter_*"))
     best = files.read_json(root / checkpoint.BEST)
     assert best["name"] in saved
     assert saved[-1] == checkpoint.folder_name(30)
     assert len(saved) <= 2  # the newest, plus the best if it is another
     metrics = [
-        json.loads(line) for line in RunLayout.of(cfg.workdir).metrics.read_text().splitlines()
+        json.loads(line) for line in RunPaths.of(cfg.workdir).metrics.read_text().splitlines()
     ]
     val = {r["step"]: r["val_loss"] for r in metrics if "val_loss" in r}
     assert best["val_loss"] == min(val[s] for s in (10, 20, 30))
-    result = evaluate.run(cfg)
+    result = EVALUATE.run(cfg)
     assert result["checkpoint"] == str(root / best["name"])
     assert result["test_ppl"] < 512  # far below the vocabulary size
 
 
 def test_damaged_or_incomplete_checkpoints_are_skipped(run_copy):
     cfg = run_copy
-    train.run(cfg)
-    root = RunLayout.of(cfg.workdir).checkpoints
+    TRAIN.run(cfg)
+    root = RunPaths.of(cfg.workdir).checkpoints
     newest = root / checkpoint.folder_name(20)
     older = root / checkpoint.folder_name(10)
     assert checkpoint.latest(root) == newest

@@ -17,9 +17,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from pipeline import data, dist_checkpoint
-from tests.conftest import CONF, SMALL, make_config
-from tests.test_pipeline import pipeline
+from pipeline.core.paths import RunPaths
+from pipeline.data import datasets
+from pipeline.data.splits import split_bounds
+from pipeline.model import dist_checkpoint
+from tests.cli.test_pipeline import pipeline
+from tests.conftest import ROOT, SMALL, make_config
 
 EXTRA_BAD_LINES = ["{not json", json.dumps({"body": "no text key"})]
 
@@ -27,7 +30,7 @@ EXTRA_BAD_LINES = ["{not json", json.dumps({"body": "no text key"})]
 def _extra_set(folder: Path) -> Path:
     """Real text (this project's own sources) as JSONL, with two bad records."""
     folder.mkdir(parents=True)
-    sources = sorted((CONF.parent / "pipeline").glob("[a-f]*.py"))[:3]
+    sources = sorted((ROOT / "pipeline" / "data").glob("[a-f]*.py"))[:3]
     lines = [json.dumps({"text": p.read_text()[:4000]}) for p in sources] + EXTRA_BAD_LINES
     (folder / "code.jsonl").write_text("\n".join(lines) + "\n")
     return folder
@@ -63,18 +66,18 @@ def fresh_model(run):
     """The best checkpoint's weights in a GPTModel built here, and the run's tokenizer."""
     from megatron.core import parallel_state
 
-    from pipeline import distributed
-    from pipeline import model as models
-    from pipeline.backend import CpuBackend
-    from pipeline.tokenizer import load
+    from pipeline.data.tokenizer import load
+    from pipeline.model import spec
+    from pipeline.model.backends.cpu import CpuBackend
+    from pipeline.runtime import distributed
 
     workdir, _ = run
     cfg = make_config(workdir, *SMALL)
-    manifest = data.load_manifest(cfg)
+    manifest = datasets.load_manifest(RunPaths.of(cfg.workdir))
     distributed.init("gloo")
     if not parallel_state.model_parallel_is_initialized():
         parallel_state.initialize_model_parallel(1, 1)
-    net = models.build(cfg, manifest["vocab_size"], CpuBackend())
+    net = spec.build(cfg, manifest["vocab_size"], CpuBackend())
     best = Path(_evaluation(workdir)["checkpoint"])
     dist_checkpoint.load_weights(best, [net])
     net.eval()
@@ -120,12 +123,12 @@ def test_test_perplexity_recomputed_from_the_test_documents_matches_the_report(r
 
     workdir, _ = run
     cfg, net, _ = fresh_model
-    manifest = data.load_manifest(cfg)
+    manifest = datasets.load_manifest(RunPaths.of(cfg.workdir))
     pieces = []
     for shard in manifest["shards"]:
         ds = IndexedDataset(str(workdir / shard["prefix"]))
         docs = ds.document_indices
-        begin, end = data.split_bounds(len(docs) - 1, cfg.data.split)[2]
+        begin, end = split_bounds(len(docs) - 1, cfg.data.split)[2]
         # copies: the arrays of a dataset map its file, unmapped when it is collected
         pieces += [np.array(ds[i]) for i in range(docs[begin], docs[end])]
     loss, count = _mean_loss(net, np.concatenate(pieces), cfg.model.seq_length)
@@ -156,7 +159,7 @@ def test_extra_sets_are_tokenized_with_the_runs_tokenizer_and_reported(run, fres
 
 
 def test_the_harness_scores_are_the_models_log_likelihoods(fresh_model):
-    from pipeline import harness
+    from pipeline.evaluation import harness
 
     cfg, net, sp = fresh_model
     context, continuation = "def read(path):", "\n    return open(path).read()"
@@ -241,7 +244,7 @@ def test_a_sweep_summary_compares_the_points(run):
     command = ["-m", "cluster=local", f"workdir={workdir}", *SMALL, "stages=[train,evaluate]"]
     result = subprocess.run(
         [sys.executable, "-m", "pipeline", *command, "train.lr=0.003,0.001"],
-        cwd=CONF.parent,
+        cwd=ROOT,
         capture_output=True,
         text=True,
         timeout=600,

@@ -7,9 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.conftest import CONF, SMALL, SMALL_SERIAL
-
-ROOT = CONF.parent
+from tests.conftest import ROOT, SMALL, SMALL_SERIAL
 
 
 def pipeline(*args: str) -> subprocess.CompletedProcess:
@@ -92,7 +90,7 @@ def test_subprocess_executor_runs_the_array_and_two_gloo_ranks(tmp_path):
     assert all(abs(a - b) < 1e-4 * abs(a) for a, b in zip(single, dual, strict=True))
 
     # the two ranks hashed their shares of each checkpoint: every file's sha256 is recorded
-    from pipeline.files import sha256
+    from pipeline.core.files import sha256
 
     for folder in sorted((two / "checkpoints").glob("iter_*")):
         complete = json.loads((folder / "COMPLETE.json").read_text())
@@ -105,7 +103,7 @@ def test_a_second_launcher_on_the_same_workdir_refuses_and_names_the_holder(tmp_
         [
             sys.executable,
             "-c",
-            "import sys, time; from pathlib import Path; from pipeline.lock import run_lock\n"
+            "import sys, time; from pathlib import Path; from pipeline.core.lock import run_lock\n"
             f"with run_lock(Path({str(tmp_path)!r})):\n    print('held', flush=True); time.sleep(60)",
         ],
         cwd=ROOT,

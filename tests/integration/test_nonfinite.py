@@ -5,19 +5,20 @@ weights is ever written."""
 from __future__ import annotations
 
 import math
-import re
 
 import pytest
 import torch
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
-from pipeline import checkpoint, train
-from pipeline.errors import NonFinite
-from pipeline.layout import RunLayout
-from tests.conftest import SMALL_SERIAL, cli, copy_tokenized
+from pipeline.core.errors import NonFinite
+from pipeline.core.paths import RunPaths
+from pipeline.training import checkpoint
+from pipeline.training.steps import TRAIN
+from pipeline.training.trainer import Trainer
+from tests.conftest import changed
 
 
-def poison_loss(trainer: train.Trainer, step: int) -> None:
+def poison_loss(trainer: Trainer, step: int) -> None:
     """Multiply the model's output (the per-token loss) by NaN during training step `step`."""
 
     def hook(module, inputs, output):
@@ -28,7 +29,7 @@ def poison_loss(trainer: train.Trainer, step: int) -> None:
     trainer.chunks[0].register_forward_hook(hook)
 
 
-def poison_gradient(trainer: train.Trainer, step: int) -> None:
+def poison_gradient(trainer: Trainer, step: int) -> None:
     """Make the output layer's gradient infinite during training step `step`; the loss stays
     finite."""
     weight = trainer.chunks[0].output_layer.weight
@@ -39,7 +40,7 @@ def poison_gradient(trainer: train.Trainer, step: int) -> None:
     weight.register_hook(hook)
 
 
-def weights_entering_each_step(trainer: train.Trainer) -> dict[int, list[torch.Tensor]]:
+def weights_entering_each_step(trainer: Trainer) -> dict[int, list[torch.Tensor]]:
     """A copy of the weights as each training step begins, by step number."""
     seen: dict[int, list[torch.Tensor]] = {}
 
@@ -66,7 +67,7 @@ def saved_weights_are_finite(root) -> bool:
 
 
 def test_a_nan_loss_skips_that_update_and_training_goes_on(run_copy, capfd):
-    trainer = train.Trainer(run_copy)
+    trainer = Trainer(run_copy)
     poison_loss(trainer, step=7)
     weights = weights_entering_each_step(trainer)
     result = trainer.fit()
@@ -77,11 +78,11 @@ def test_a_nan_loss_skips_that_update_and_training_goes_on(run_copy, capfd):
     assert math.isfinite(result["last_train_loss"])
     assert all(torch.equal(a, b) for a, b in zip(weights[7], weights[8], strict=True))
     assert not all(torch.equal(a, b) for a, b in zip(weights[8], weights[9], strict=True))
-    assert saved_weights_are_finite(RunLayout.of(run_copy.workdir).checkpoints)
+    assert saved_weights_are_finite(RunPaths.of(run_copy.workdir).checkpoints)
 
 
 def test_an_infinite_gradient_with_a_finite_loss_skips_that_update(run_copy, capfd):
-    trainer = train.Trainer(run_copy)
+    trainer = Trainer(run_copy)
     poison_gradient(trainer, step=5)
     weights = weights_entering_each_step(trainer)
     result = trainer.fit()
@@ -91,35 +92,34 @@ def test_an_infinite_gradient_with_a_finite_loss_skips_that_update(run_copy, cap
     assert math.isfinite(float(line.split()[3].rstrip(",")))  # the loss itself was finite
     assert result["skipped_steps"] == 1 and result["train_steps"] == 20
     assert all(torch.equal(a, b) for a, b in zip(weights[5], weights[6], strict=True))
-    assert saved_weights_are_finite(RunLayout.of(run_copy.workdir).checkpoints)
+    assert saved_weights_are_finite(RunPaths.of(run_copy.workdir).checkpoints)
 
 
 def test_stop_policy_stops_at_the_step_and_saves_nothing_after_it(run_copy):
-    run_copy.train.nonfinite = "stop"
-    trainer = train.Trainer(run_copy)
+    trainer = Trainer(changed(run_copy, "train", nonfinite="stop"))
     poison_loss(trainer, step=13)
     with pytest.raises(NonFinite, match=r"^step 13: loss nan, grad norm nan is not finite; stop"):
         trainer.fit()
-    layout = RunLayout.of(run_copy.workdir)
-    assert [p.name for p in layout.checkpoints.glob("iter_*")] == [checkpoint.folder_name(10)]
-    assert saved_weights_are_finite(layout.checkpoints)
-    assert not layout.train_done.exists()
+    paths = RunPaths.of(run_copy.workdir)
+    assert [p.name for p in paths.checkpoints.glob("iter_*")] == [checkpoint.folder_name(10)]
+    assert saved_weights_are_finite(paths.checkpoints)
+    assert not paths.train_done.exists()
 
 
 def test_a_learning_rate_that_overflows_stops_with_the_step_and_value(run_copy):
-    run_copy.train.nonfinite = "stop"
-    run_copy.train.lr = 1e38  # finite, but the second update sends weights near 1e38
+    # finite, but the second update sends weights near 1e38
+    cfg = changed(run_copy, "train", nonfinite="stop", lr=1e38)
     stopped = r"^step \d+: loss \S+, grad norm (nan|inf) is not finite; stopped"
     with pytest.raises(NonFinite, match=stopped):
-        train.run(run_copy)
-    root = RunLayout.of(run_copy.workdir).checkpoints
+        TRAIN.run(cfg)
+    root = RunPaths.of(run_copy.workdir).checkpoints
     assert not list(root.glob("iter_*")), "stopped before the first save"
 
 
 def test_weights_that_are_not_finite_are_never_saved(run_copy):
     """A weight the loss never sees (the embedding row of the unknown token, which byte
     fallback never produces) goes infinite: training carries on, the save refuses."""
-    trainer = train.Trainer(run_copy)
+    trainer = Trainer(run_copy)
     embedding = trainer.chunks[0].embedding.word_embeddings.weight
 
     def hook(module, inputs):
@@ -130,30 +130,8 @@ def test_weights_that_are_not_finite_are_never_saved(run_copy):
     trainer.chunks[0].register_forward_pre_hook(hook)
     with pytest.raises(NonFinite, match=r"^step 20: the weights are not finite \(embedding\."):
         trainer.fit()
-    layout = RunLayout.of(run_copy.workdir)
-    assert [p.name for p in layout.checkpoints.glob("iter_*")] == [checkpoint.folder_name(10)]
-    assert saved_weights_are_finite(layout.checkpoints)
-    assert (layout.checkpoints / checkpoint.TRACKER).read_text().strip() == "iter_0000010"
-    assert not layout.train_done.exists()
-
-
-def test_two_ranks_agree_and_stop_at_the_same_step_in_one_line(tokenized, tmp_path):
-    """Two gloo ranks in their own processes: both stop at the same step (one alone would
-    leave the other waiting in a collective), and the launcher says so in one line."""
-    workdir = copy_tokenized(tokenized, tmp_path / "run")
-    result = cli(
-        f"workdir={workdir}",
-        *SMALL_SERIAL,
-        "stages=[train]",
-        "train.lr=1e38",
-        "train.nonfinite=stop",
-        "cluster.executor=subprocess",
-        "cluster.tasks_per_node=2",
-    )
-    assert result.returncode == 1
-    assert "Traceback" not in result.stderr
-    last = result.stderr.strip().splitlines()[-1]
-    assert re.match(r"error: train failed: \S*NonFinite: step \d+: loss \S+, grad norm nan", last)
-    logs = sorted((workdir / "logs" / "jobs" / "train").glob("*/*_log.err"))
-    stops = [re.findall(r"NonFinite: (step \d+)", log.read_text())[-1:] for log in logs]
-    assert len(stops) == 2 and stops[0] == stops[1] and stops[0][0] in last, stops
+    paths = RunPaths.of(run_copy.workdir)
+    assert [p.name for p in paths.checkpoints.glob("iter_*")] == [checkpoint.folder_name(10)]
+    assert saved_weights_are_finite(paths.checkpoints)
+    assert (paths.checkpoints / checkpoint.TRACKER).read_text().strip() == "iter_0000010"
+    assert not paths.train_done.exists()

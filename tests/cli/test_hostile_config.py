@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import CONF, cli
+from tests.conftest import ROOT, cli
 
 INVALID = [
     # (override, the key the error must name)
@@ -86,7 +86,7 @@ def test_a_site_config_file_with_a_hostile_sbatch_option_name_is_refused(tmp_pat
     command = [sys.executable, "-m", "pipeline", f"--config-dir={tmp_path / 'site'}"]
     result = subprocess.run(
         [*command, "cluster=evil", "dry_run=true", f"workdir={tmp_path / 'run'}"],
-        cwd=CONF.parent,
+        cwd=ROOT,
         capture_output=True,
         text=True,
         timeout=120,

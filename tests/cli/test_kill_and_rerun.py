@@ -16,9 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from pipeline import checkpoint, graph
-from pipeline.layout import RunLayout
-from tests.conftest import CONF, SMALL_SERIAL, cli, loss_curve, make_config
+from pipeline.core.paths import RunPaths
+from pipeline.orchestration import graph
+from pipeline.training import checkpoint
+from tests.conftest import ROOT, SMALL_SERIAL, cli, loss_curve, make_config
 
 STEPS = ("tokenizer", "tokenize", "verify", "index", "train", "evaluate")
 
@@ -41,7 +42,7 @@ def kill_during(workdir: Path, step: str, delay: float) -> None:
     "saved", training's first checkpoint), then SIGKILL it `delay` seconds later."""
     proc = subprocess.Popen(
         [sys.executable, "-m", "pipeline", "cluster=local", f"workdir={workdir}", *SMALL_SERIAL],
-        cwd=CONF.parent,
+        cwd=ROOT,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         text=True,
@@ -61,7 +62,7 @@ def kill_during(workdir: Path, step: str, delay: float) -> None:
     reader.start()
     assert started.wait(timeout=300), f"{step} never started"
     assert proc.poll() in (None, 0), f"the pipeline failed before {step}"
-    tracker = RunLayout.of(str(workdir)).checkpoints / checkpoint.TRACKER
+    tracker = RunPaths.of(workdir).checkpoints / checkpoint.TRACKER
     while step == "saved" and not tracker.exists() and proc.poll() is None:
         time.sleep(0.002)
     time.sleep(delay)
@@ -72,7 +73,7 @@ def kill_during(workdir: Path, step: str, delay: float) -> None:
 
 def complete_steps(workdir: Path) -> list[str]:
     cfg = make_config(workdir, *SMALL_SERIAL)
-    return [s.name for s in graph.build(cfg, prepare=False) if s.is_complete(cfg)]
+    return [s.name for s in graph.steps(cfg) if s.is_complete(cfg)]
 
 
 CASES = [(step, seed) for seed, step in enumerate(STEPS)] + [("start", 6), ("saved", 7)]
@@ -87,9 +88,9 @@ def test_killed_at_a_random_moment_the_rerun_finishes_as_if_never_killed(
     kill_during(workdir, step, random.Random(seed).uniform(0, took[step]))
 
     done = complete_steps(workdir)
-    layout = RunLayout.of(str(workdir))
-    shard_markers = {p: p.stat().st_mtime_ns for p in layout.data_dir.glob("*.done.json")}
-    resumable = checkpoint.latest(layout.checkpoints) if layout.checkpoints.exists() else None
+    paths = RunPaths.of(workdir)
+    shard_markers = {p: p.stat().st_mtime_ns for p in paths.data_dir.glob("*.done.json")}
+    resumable = checkpoint.latest(paths.checkpoints) if paths.checkpoints.exists() else None
     assert resumable or step != "saved"
 
     rerun = cli(f"workdir={workdir}", *SMALL_SERIAL)
@@ -105,7 +106,7 @@ def test_killed_at_a_random_moment_the_rerun_finishes_as_if_never_killed(
     assert loss_curve(workdir) == loss_curve(clean)
     summary, reference = (json.loads((w / "summary.json").read_text()) for w in (workdir, clean))
     assert summary["test_loss"] == reference["test_loss"]
-    assert layout.report.exists()
+    assert paths.report.exists()
 
 
 def test_sigterm_in_training_saves_stops_the_chain_and_the_rerun_resumes(uninterrupted, tmp_path):
@@ -117,11 +118,11 @@ def test_sigterm_in_training_saves_stops_the_chain_and_the_rerun_resumes(uninter
         proc = subprocess.Popen(
             [sys.executable, "-m", "pipeline", "cluster=local", f"workdir={workdir}"]
             + SMALL_SERIAL,
-            cwd=CONF.parent,
+            cwd=ROOT,
             stdout=subprocess.DEVNULL,
             stderr=stderr,
         )
-        metrics = RunLayout.of(str(workdir)).metrics  # first written at step 5 of 20
+        metrics = RunPaths.of(workdir).metrics  # first written at step 5 of 20
         while not metrics.exists() and proc.poll() is None:
             time.sleep(0.002)
         proc.send_signal(signal.SIGTERM)
@@ -134,6 +135,6 @@ def test_sigterm_in_training_saves_stops_the_chain_and_the_rerun_resumes(uninter
     step = int(stopped[1])
     rerun = cli(f"workdir={workdir}", *SMALL_SERIAL)
     assert rerun.returncode == 0, rerun.stderr[-3000:]
-    folder = RunLayout.of(str(workdir)).checkpoints / checkpoint.folder_name(step)
+    folder = RunPaths.of(workdir).checkpoints / checkpoint.folder_name(step)
     assert f"resumed from {folder} at step {step}" in rerun.stderr
     assert loss_curve(workdir) == loss_curve(clean)

@@ -9,8 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from pipeline import checkpoint, data, files
-from pipeline.layout import RunLayout
+from pipeline.core import files
+from pipeline.core.paths import RunPaths
+from pipeline.data import datasets
+from pipeline.training import checkpoint
 from tests.conftest import SMALL_SERIAL, cli, copy_tokenized, make_config
 
 TWO_RANKS = ["cluster.executor=subprocess", "cluster.tasks_per_node=2", "stages=[train]"]
@@ -58,7 +60,7 @@ def test_tensor_parallel_weights_evaluate_in_one_process_as_the_same_model(runs)
     for name in ("single", "tensor2"):
         result = cli(*_args(runs[name], name)[:-1], "stages=[evaluate]", *LAYOUTS[name])
         assert result.returncode == 0, result.stderr[-3000:]
-        results[name] = files.read_json(RunLayout.of(str(runs[name])).eval_done)
+        results[name] = files.read_json(RunPaths.of(runs[name]).eval_done)
     split = results["tensor2"]
     assert split["checkpoint_layout"]["tensor"] == 2 and split["gpus"] == 0
     assert abs(split["test_loss"] - results["single"]["test_loss"]) <= 1e-4 * split["test_loss"]
@@ -68,19 +70,19 @@ def test_tensor_parallel_weights_evaluate_in_one_process_as_the_same_model(runs)
 def test_pipeline_stage_checkpoint_in_one_process_gives_the_stages_validation_loss(runs):
     """The validation loss the two stages (four model chunks) logged at step 20, recomputed
     from their checkpoint by one process holding the whole model."""
-    from pipeline.engine import Engine
-    from pipeline.evaluate import single_device
+    from pipeline.evaluation.evaluate import single_device
+    from pipeline.training.engine import Engine
 
     workdir = runs["pipeline2"]
     cfg = make_config(workdir, *SMALL_SERIAL, *TWO_RANKS, *LAYOUTS["pipeline2"])
-    folder = RunLayout.of(str(workdir)).checkpoints / checkpoint.folder_name(20)
+    folder = RunPaths.of(workdir).checkpoints / checkpoint.folder_name(20)
     state = files.read_json(folder / "state.json")
     assert state["layout"]["pipeline"] == 2 and state["layout"]["virtual_pipeline"] == 2
     local = single_device(cfg)
     engine = Engine(local, state["layout"]["padded_vocab_size"])
     assert len(engine.chunks) == 1
     checkpoint.load(folder, engine.backend, engine.chunks, None)
-    _, valid = data.train_valid_datasets(local, data.load_manifest(local))
+    _, valid = datasets.train_valid_datasets(local)
     loss, _ = engine.loss_over(valid, cfg.train.micro_batch_size, cfg.train.eval_iters)
     assert abs(loss - state["val_loss"]) <= 1e-5 * loss, (loss, state["val_loss"])
 

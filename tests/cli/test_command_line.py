@@ -1,0 +1,115 @@
+"""The command lines as users type them: one line for a mistake, with the exit code, before
+anything is written; the plan; one step run by hand."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import ROOT, cli
+
+GPU_SLURM = ["train=gpu", "cluster=slurm", "cluster.gpus_per_node=8", "cluster.gpu=H100"]
+
+
+def module(name: str, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", name, *args], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
+
+
+def test_command_line_reports_a_bad_value_in_one_line_without_traceback(tmp_path):
+    result = cli(f"workdir={tmp_path}", "train.global_batch_size=30", timeout=120)
+    assert result.returncode == 2
+    assert result.stderr.strip() == (
+        "error: train.global_batch_size: 30 is not a multiple of train.micro_batch_size x "
+        "data-parallel size = 8 x 1"
+    )
+    assert not any(tmp_path.iterdir()), "nothing may be written for an invalid config"
+
+
+def test_command_line_rejects_an_unknown_key(tmp_path):
+    result = cli(f"workdir={tmp_path}", "train.micro_bach_size=4", timeout=120)
+    assert result.returncode != 0
+    assert "micro_bach_size" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_cli_reads_the_vocabulary_from_the_manifest_and_searches(tmp_path):
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "manifest.json").write_text(json.dumps({"vocab_size": 32000}))
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pipeline.plan",
+            f"workdir={tmp_path}",
+            "model=gpt-1.3b",
+            "train=gpu",
+            "cluster.gpus_per_node=1",
+            "--search",
+            "--gpu-memory",
+            "80",
+            "--tokens",
+            "1B",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr
+    assert "Vocabulary: 32000 (" in out.stdout and "manifest.json" in out.stdout
+    assert "Parameters: 1.36 B (1,364,297,728)" in out.stdout
+    assert "Token budget: 1 B (--tokens) = 1,908 steps" in out.stdout
+    assert "Layout search" in out.stdout and "Rejected" in out.stdout
+    bad = subprocess.run(
+        [sys.executable, "-m", "pipeline.plan", f"workdir={tmp_path}", "train.micro_batch_size=3"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert bad.returncode == 2 and "error: train.global_batch_size" in bad.stderr
+
+
+def test_a_refused_launch_is_one_line_and_writes_nothing(tmp_path):
+    workdir = tmp_path / "run"
+    done = cli(f"workdir={workdir}", *GPU_SLURM, "cluster.time_limit=00:02:00", timeout=120)
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines() == [
+        "error: cluster.time_limit: 00:02:00 leaves no time to train before the save signal "
+        "120 s before the end; make it longer"
+    ]
+    assert not workdir.exists()
+
+
+@pytest.mark.parametrize("entry", ["pipeline", "pipeline.step", "pipeline.plan", "pipeline.status"])
+def test_every_entry_point_reports_a_bad_value_the_same_way(entry, tmp_path):
+    args = ["verify"] if entry == "pipeline.step" else []
+    result = module(entry, *args, f"workdir={tmp_path / 'run'}", "train.global_batch_size=30")
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.startswith("error: train.global_batch_size: 30 is not a multiple")
+    assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_step_that_is_not_in_the_stages_is_named_in_one_line(tmp_path):
+    result = module("pipeline.step", "shard", f"workdir={tmp_path}", "stages=[tokenize]")
+    assert result.returncode == 2
+    assert result.stderr == (
+        "error: step 'shard' is not one of tokenizer, tokenize, verify for stages=['tokenize']\n"
+    )
+
+
+def test_one_step_by_hand_then_its_marker_makes_it_a_no_op(tmp_path):
+    """What the sbatch templates in slurm/ do: each step through pipeline.step."""
+    args = [f"workdir={tmp_path / 'run'}", "data.builtin_corpus_bytes=200000"]
+    args.append("tokenizer.vocab_size=512")
+    first = module("pipeline.step", "tokenizer", *args)
+    assert first.returncode == 0, first.stderr
+    assert (tmp_path / "run" / "tokenizer" / "tokenizer.json").exists()
+    again = module("pipeline.step", "tokenizer", *args)
+    assert again.returncode == 0 and "[pipeline] tokenizer: already complete" in again.stderr

@@ -1,0 +1,82 @@
+"""Training faults through the command line: a save killed midway is never loaded and the rerun
+matches an uninterrupted run; two gloo ranks stop together at a non-finite step."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+from pipeline.core.paths import RunPaths
+from pipeline.training import checkpoint
+from tests.conftest import ROOT, SMALL_SERIAL, cli, copy_tokenized, loss_curve
+
+
+def _train_command(workdir) -> list[str]:
+    return [
+        f"workdir={workdir}",
+        *SMALL_SERIAL,
+        "stages=[train]",
+        "train.steps=60",
+        "train.save_interval=1",  # saving most of the time: a kill lands mid-save
+        "train.log_interval=1",
+    ]
+
+
+def test_a_save_killed_midway_is_never_loaded_and_the_rerun_matches(tokenized, tmp_path):
+    killed = copy_tokenized(tokenized, tmp_path / "killed")
+    root = RunPaths.of(killed).checkpoints
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "pipeline", "cluster=local", *_train_command(killed)],
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    deadline = time.time() + 300
+    while proc.poll() is None and time.time() < deadline:
+        if any(root.glob("iter_*.partial")) and any(root.glob("iter_???????")):
+            break  # a save in progress, after at least one whole one
+        time.sleep(0.002)
+    assert proc.poll() is None, "training ended before a save could be killed"
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+
+    finished = [p for p in root.glob("iter_*") if checkpoint.NAME.fullmatch(p.name)]
+    assert all(checkpoint.is_valid(p) for p in finished)  # only whole saves have the name
+    tracked = root / (root / checkpoint.TRACKER).read_text().strip()
+    assert checkpoint.is_valid(tracked)
+    newest = checkpoint.latest(root)
+    assert newest is not None and newest.name >= tracked.name
+
+    rerun = cli(*_train_command(killed))
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    assert f"resumed from {newest} at step" in rerun.stderr
+    assert not list(root.glob("iter_*.partial"))
+    clean = copy_tokenized(tokenized, tmp_path / "clean")
+    assert cli(*_train_command(clean)).returncode == 0
+    assert loss_curve(killed) == loss_curve(clean)
+
+
+def test_two_ranks_agree_and_stop_at_the_same_step_in_one_line(tokenized, tmp_path):
+    """Two gloo ranks in their own processes: both stop at the same step (one alone would
+    leave the other waiting in a collective), and the launcher says so in one line."""
+    workdir = copy_tokenized(tokenized, tmp_path / "run")
+    result = cli(
+        f"workdir={workdir}",
+        *SMALL_SERIAL,
+        "stages=[train]",
+        "train.lr=1e38",
+        "train.nonfinite=stop",
+        "cluster.executor=subprocess",
+        "cluster.tasks_per_node=2",
+    )
+    assert result.returncode == 1
+    assert "Traceback" not in result.stderr
+    last = result.stderr.strip().splitlines()[-1]
+    assert re.match(r"error: train failed: \S*NonFinite: step \d+: loss \S+, grad norm nan", last)
+    logs = sorted((workdir / "logs" / "jobs" / "train").glob("*/*_log.err"))
+    stops = [re.findall(r"NonFinite: (step \d+)", log.read_text())[-1:] for log in logs]
+    assert len(stops) == 2 and stops[0] == stops[1] and stops[0][0] in last, stops

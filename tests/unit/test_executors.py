@@ -1,0 +1,138 @@
+"""Executors behind one interface, chosen by name; the sbatch scripts the Slurm executor writes
+for a few configs equal the expected files kept beside this test (expected_sbatch/: the
+scripts of the version before the package layout, paths replaced by <workdir> and <python>).
+After an intended change of the scripts, rewrite them with PIPELINE_UPDATE_EXPECTED=1."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+from pipeline.core.steps import Placement
+from pipeline.orchestration import executors, graph
+from pipeline.orchestration.executors.base import resources
+from tests.conftest import ROOT, make_config
+
+EXPECTED = Path(__file__).parent / "expected_sbatch"
+WORKDIR = "/nonexistent/run"
+CONFIGS = {
+    "slurm": ["cluster=slurm"],
+    "gpu-site": [
+        "cluster=gpu-cluster",
+        "train=gpu",
+        "model=gpt-1.3b",
+        "+cluster.sbatch_extra.constraint=h100",
+        "cluster.account=proj",
+    ],
+    "cpu-ranks": [
+        "cluster=slurm",
+        "cluster.tasks_per_node=2",
+        "cluster.cpu_partition=cpu",
+        "cluster.partition=batch",
+        "data.num_shards=3",
+        "stages=[tokenize,train]",
+    ],
+}
+
+
+def dry_run(*overrides: str) -> str:
+    cfg = make_config(WORKDIR, "dry_run=true", *overrides)
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        executors.select(cfg).run(graph.pending(cfg), cfg)
+    return out.getvalue().replace(WORKDIR, "<workdir>").replace(sys.executable, "<python>")
+
+
+def as_files(text: str) -> dict[str, str]:
+    """graph.txt and N-STEP.sbatch, as the expected folder holds them."""
+    graph_line, *scripts = text.split("\n# ---- ")
+    found = {"graph.txt": graph_line.strip() + "\n"}
+    for i, script in enumerate(scripts):
+        step, body = script.split(" ----\n", 1)
+        found[f"{i}-{step}.sbatch"] = body.rstrip() + "\n"
+    return found
+
+
+@pytest.mark.parametrize("name", sorted(CONFIGS))
+def test_the_dry_run_scripts_equal_the_expected_files(name):
+    found = as_files(dry_run(*CONFIGS[name]))
+    folder = EXPECTED / name
+    if os.environ.get("PIPELINE_UPDATE_EXPECTED"):
+        folder.mkdir(parents=True, exist_ok=True)
+        for old in folder.iterdir():
+            old.unlink()
+        for file, text in found.items():
+            (folder / file).write_text(text)
+    expected = {p.name: p.read_text() for p in sorted(folder.iterdir())}
+    assert sorted(found) == sorted(expected)
+    for file, text in expected.items():
+        assert found[file] == text, f"{name}/{file} differs from the expected script"
+
+
+def test_executors_are_chosen_by_name(tmp_path):
+    chosen = {
+        overrides: type(executors.select(make_config(tmp_path, *overrides))).__name__
+        for overrides in [
+            (),
+            ("cluster.executor=subprocess",),
+            ("cluster=slurm",),
+            ("dry_run=true",),
+            ("cluster=slurm", "dry_run=true"),
+        ]
+    }
+    assert list(chosen.values()) == [
+        "InProcessExecutor",
+        "SubprocessExecutor",
+        "SlurmExecutor",
+        "DryRunExecutor",
+        "DryRunExecutor",
+    ]
+    assert sorted(executors.EXECUTORS) == ["inprocess", "slurm", "subprocess"]
+
+
+def test_each_step_says_where_it_runs_and_the_cluster_gives_it_resources(tmp_path):
+    cfg = make_config(tmp_path, "cluster=gpu-cluster", "train=gpu", "model=gpt-1.3b")
+    placements = {step.name: step.placement for step in graph.steps(cfg)}
+    assert placements == {
+        "tokenizer": Placement.CPU,
+        "tokenize": Placement.ARRAY,
+        "verify": Placement.CPU,
+        "index": Placement.CPU,
+        "train": Placement.TRAINING_RANKS,
+        "evaluate": Placement.ONE_DEVICE,
+    }
+    needs = {step.name: resources(step, cfg) for step in graph.steps(cfg)}
+    assert (needs["train"].nodes, needs["train"].tasks_per_node, needs["train"].gpus_per_node) == (
+        2,
+        8,
+        8,
+    )
+    assert needs["train"].requeue and needs["train"].time_limit == "24:00:00"
+    assert (needs["evaluate"].ranks, needs["evaluate"].gpus_per_node) == (1, 1)
+    assert all(needs[s].time_limit == "04:00:00" for s in ("tokenizer", "tokenize", "index"))
+
+
+def test_the_graph_orders_the_steps_of_the_stages_asked_for(tmp_path):
+    def names(*overrides: str) -> list[str]:
+        return [s.name for s in graph.steps(make_config(tmp_path, *overrides))]
+
+    assert names() == ["tokenizer", "tokenize", "verify", "index", "train", "evaluate"]
+    assert names("stages=[tokenize]") == ["tokenizer", "tokenize", "verify"]
+    assert names("stages=[train,evaluate]") == ["index", "train", "evaluate"]
+
+
+def test_submitit_is_used_by_the_executors_alone_and_its_private_api_by_slurm_alone():
+    package = ROOT / "pipeline"
+    uses = {str(path.relative_to(package)): path.read_text() for path in package.rglob("*.py")}
+    private = sorted(p for p, text in uses.items() if re.search(r"\._make_submission", text))
+    assert private == ["orchestration/executors/slurm.py"]
+    submitit = sorted(
+        p for p, text in uses.items() if re.search(r"^\s*import submitit", text, re.M)
+    )
+    assert all(p.startswith("orchestration/") for p in submitit), submitit
