@@ -1,15 +1,14 @@
 """GPT pretraining on Slurm clusters with megatron-core: tokenize, train, evaluate.
 
-The package, from the ground up (imports flow one way, upwards):
+The package, from the ground up (each imports only what stands above it here; README's "How
+the code is laid out" has the exact table):
 
-    core/           errors, atomic files, run paths, lock, what a step is (no torch)
-    config/         the schema, its checks, derived values, composition
-    runtime/        torch.distributed from the environment, devices, GPU models
-    data/  model/   from JSONL to indexed shards and datasets; the megatron-core model
-    reporting/      summary.json, plots, report.md/html
-    training/  evaluation/   the loop and checkpoints; the evaluation of a checkpoint
-    planning/       memory, speed and layout search before submission
-    orchestration/  the step graph, executors (in-process, subprocess, Slurm, dry run)
+    core/                        errors, atomic files, run paths, lock, step placement (no torch)
+    config/ runtime/ reporting/  the typed config; process groups and devices; the run's report
+    data/ model/                 JSONL to indexed shards and datasets; the megatron-core model
+    training/                    the loop, checkpoints, metrics
+    evaluation/ planning/        a checkpoint's evaluation; memory, speed, checks before submission
+    orchestration/               the step graph, executors (in-process, subprocess, Slurm, dry run)
     __main__ step status plan cli   the command lines
 """
 

@@ -5,7 +5,8 @@ A queued job is a pickle that submitit loads when the job starts: it names 0.1's
 (`pipeline.jobs.ArrayTask` or `DistributedTask`, holding a step function such as
 `pipeline.tokenize.run_task`, and the config as a DictConfig). `install` registers those
 module names, so the pickle loads, and the task runs the same step of this version with the
-config turned into the typed one. Nothing here is imported by the rest of the package.
+config turned into the typed one. Only pipeline/__init__.py uses this module: importing the
+package registers those names (each a stand-in that only a queued job's pickle can use).
 """
 
 from __future__ import annotations

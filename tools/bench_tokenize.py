@@ -197,16 +197,12 @@ def iter_texts(corpus: Path) -> Iterator[str]:
 
 
 def train_bpe(corpus: Path, out: Path, vocab_size: int, sample_documents: int) -> Path:
-    """A lossless BPE model trained by pipeline.tokenizer.train_model, as the stage would."""
-    from omegaconf import OmegaConf
-
+    """A lossless BPE model trained by pipeline.data.tokenizer.train_model, as the step would."""
     from pipeline.config import TokenizerConfig
-    from pipeline.tokenizer import sample_documents as sample
-    from pipeline.tokenizer import train_model
+    from pipeline.data.tokenizer import sample_documents as sample
+    from pipeline.data.tokenizer import train_model
 
-    tk = OmegaConf.structured(
-        TokenizerConfig(vocab_size=vocab_size, sample_documents=sample_documents, threads=2)
-    )
+    tk = TokenizerConfig(vocab_size=vocab_size, sample_documents=sample_documents, threads=2)
     texts = sample(iter_texts(corpus), tk.sample_documents, tk.seed)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_bytes(train_model(texts, tk))

@@ -8,7 +8,7 @@ transformers baselines of the same shape, measured in one run.
 Each --stage is a model name, mb= (micro-batch), ga= (accumulation) and any pipeline
 overrides. For each it prints tokens/s, TFLOP/s per GPU and MFU (Megatron-LM's FLOP formula,
 peak 989 TFLOP/s bf16 on H100/H200), the measured peak memory beside the planner's estimate
-(`pipeline.plan`) for that config, for the training stage (this project); and, per model, a
+(`pipeline.planning`) for that config, for the training stage (this project); and, per model, a
 plain transformers loop (LlamaForCausalLM, SDPA, bf16 weights, fused AdamW) and
 transformers.Trainer with bf16. Medians over the timed steps, after warm-up steps.
 """
@@ -88,11 +88,12 @@ class StageRun:
 
 def planned_memory_gib(overrides: list[str]) -> float:
     """The planner's estimate of torch's peak allocation for the config (total - overhead)."""
-    from pipeline import plan
     from pipeline.config import compose
+    from pipeline.planning.memory import memory_per_gpu
+    from pipeline.planning.parallel_layout import ParallelLayout
 
     cfg = compose("/tmp/unused", *overrides)
-    memory = plan.memory_per_gpu(cfg, VOCAB)
+    memory = memory_per_gpu(cfg.model, VOCAB, ParallelLayout.of(cfg))
     return (memory["total"] - memory["overhead"]) / 2**30
 
 
@@ -149,7 +150,7 @@ def llama_config(model: str):
     from transformers import LlamaConfig
 
     from pipeline.config import compose
-    from pipeline.model import ffn_hidden_size
+    from pipeline.model.sizes import ffn_hidden_size
 
     m = compose("/tmp/unused", f"model={model}", check=False).model
     return LlamaConfig(
@@ -168,10 +169,10 @@ def llama_config(model: str):
 
 def flops_per_token(model: str) -> float:
     from pipeline.config import compose
-    from pipeline.flops import flops_per_sequence
+    from pipeline.model.flops import flops_per_sequence
 
     cfg = compose("/tmp/unused", f"model={model}", f"model.seq_length={SEQ}", check=False)
-    return flops_per_sequence(cfg, VOCAB) / SEQ
+    return flops_per_sequence(cfg.model, VOCAB, cfg.parallel.tensor) / SEQ
 
 
 def _summary(model: str, step_seconds: list[float], micro: int, mem: float) -> dict:

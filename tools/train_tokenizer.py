@@ -14,13 +14,12 @@ import json
 import sys
 from pathlib import Path
 
-from omegaconf import OmegaConf
-
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from pipeline import files, tokenizer  # noqa: E402
 from pipeline.config import TokenizerConfig  # noqa: E402
-from pipeline.records import Document, Span, read  # noqa: E402
+from pipeline.core import files  # noqa: E402
+from pipeline.data import tokenizer  # noqa: E402
+from pipeline.data.records import Document, Span, read  # noqa: E402
 
 
 def main() -> None:
@@ -44,18 +43,16 @@ def main() -> None:
     paths = sorted({p for pattern in args.inputs for p in glob.glob(pattern)})
     if not paths:
         sys.exit(f"error: --inputs {args.inputs} match no file")
-    tk = OmegaConf.structured(
-        TokenizerConfig(
-            type=args.type,
-            vocab_size=args.vocab_size,
-            sample_documents=args.sample_documents,
-            character_coverage=args.character_coverage,
-            byte_fallback=not args.no_byte_fallback,
-            lossless=not args.lossy,
-            user_defined_symbols=args.user_defined_symbols,
-            seed=args.seed,
-            threads=args.threads,
-        )
+    tk = TokenizerConfig(
+        type=args.type,
+        vocab_size=args.vocab_size,
+        sample_documents=args.sample_documents,
+        character_coverage=args.character_coverage,
+        byte_fallback=not args.no_byte_fallback,
+        lossless=not args.lossy,
+        user_defined_symbols=args.user_defined_symbols,
+        seed=args.seed,
+        threads=args.threads,
     )
     docs = (
         item.text

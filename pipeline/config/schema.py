@@ -118,7 +118,7 @@ class TrainConfig:
     save_interval: int = 200  # 0: no checkpoints (benchmarks)
     keep_last: int = 2  # checkpoints kept besides the best one
     threads: int | None = None  # CPU threads per rank; None: torch's default
-    exit_signal_lead_s: int = 120  # Slurm sends SIGUSR1 this long before the time limit
+    exit_signal_lead_s: int = 120  # Slurm warns (SIGUSR2) this long before the time limit
     max_requeues: int = 20
     nonfinite: str = "skip"  # skip | stop: a step whose loss or gradient is NaN or infinite
 

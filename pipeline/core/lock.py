@@ -14,6 +14,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from pipeline.core.errors import RunLocked
+from pipeline.core.paths import RunPaths
 
 
 def _alive(info: dict) -> bool:
@@ -49,7 +50,7 @@ def _holder(handle) -> dict:
 @contextmanager
 def run_lock(root: Path) -> Iterator[None]:
     root.mkdir(parents=True, exist_ok=True)
-    path = root / "pipeline.lock"
+    path = RunPaths(root).lock
     handle = open(path, "a+")  # noqa: SIM115 (held open for the lock's lifetime)
     try:
         fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)

@@ -1,9 +1,14 @@
-"""Where each step reads and writes inside the run folder (`workdir`): one place for every path."""
+"""Where each step reads and writes inside the run folder (`workdir`): one place for every path
+that more than one module knows. (Inside a checkpoint folder, the names are those of
+pipeline.training.checkpoint.)"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+
+CHECKPOINT_TRACKER = "latest.txt"  # names the newest complete checkpoint
+BEST_CHECKPOINT = "best.json"  # names the one with the lowest validation loss
 
 
 @dataclass(frozen=True)
@@ -18,6 +23,11 @@ class RunPaths:
     def config(self) -> Path:
         """The resolved config of the latest launch, read back by `pipeline.status`."""
         return self.root / "config.yaml"
+
+    @property
+    def lock(self) -> Path:
+        """Held by the one launcher working on this run folder."""
+        return self.root / "pipeline.lock"
 
     @property
     def jobs(self) -> Path:
@@ -68,6 +78,10 @@ class RunPaths:
     def shard_marker(self, index: int) -> Path:
         return self.data_dir / f"shard-{index:05d}.done.json"
 
+    def merged_prefix(self, index: int) -> Path:
+        """data.merge_into: the shards concatenated into fewer files."""
+        return self.data_dir / f"merged-{index:05d}"
+
     def shard_rejects(self, index: int) -> Path:
         return self.data_dir / "rejects" / f"shard-{index:05d}.jsonl"
 
@@ -91,8 +105,22 @@ class RunPaths:
         return self.root / "checkpoints"
 
     @property
+    def checkpoint_tracker(self) -> Path:
+        return self.checkpoints / CHECKPOINT_TRACKER
+
+    @property
     def train_dir(self) -> Path:
         return self.root / "train"
+
+    @property
+    def train_config(self) -> Path:
+        """The config the training job ran with (the whole run's is config.yaml)."""
+        return self.train_dir / "config.yaml"
+
+    @property
+    def profile(self) -> Path:
+        """train.profile_steps: device time by kernel."""
+        return self.train_dir / "profile.txt"
 
     @property
     def metrics(self) -> Path:

@@ -1,11 +1,12 @@
 """What a step says to whatever runs it: where it runs, and that it stopped early.
 
 A user-facing stage (tokenize, train, evaluate) is one or more steps, each a job of its own
-on a cluster: tokenizer, tokenize (an array), verify, index, train, evaluate. A step is a plain
-function of the typed config that checks its own completion marker, so running it again is
-always safe (the interface: pipeline.orchestration.graph.Step). It says where it runs
-(`Placement`), and an executor turns that into processes or Slurm jobs; steps never read
-scheduler variables themselves.
+on a cluster: tokenizer, tokenize (an array), verify, index, train, evaluate. A step is an
+object in its package's steps.py with `is_complete(cfg)` and `run(cfg)`: it checks its own
+completion marker, so running it again is always safe (the interface, which the orchestration
+defines as it calls it: pipeline.orchestration.graph.Step). It says where it runs (`Placement`),
+and an executor turns that into processes or Slurm jobs; steps never read scheduler variables
+themselves.
 """
 
 from __future__ import annotations
@@ -24,7 +25,8 @@ class Placement(enum.Enum):
 @dataclass(frozen=True)
 class Interrupted:
     """A step that saved and stopped on a signal before finishing: the steps after it must not
-    run on its outputs. `requeue`: it asks the scheduler to start it again (a time limit)."""
+    run on its outputs. `at_step`: the training step it saved; `requeue`: it asks the
+    scheduler to start it again (a time limit)."""
 
-    step: int
+    at_step: int
     requeue: bool

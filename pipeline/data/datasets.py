@@ -20,8 +20,9 @@ from pipeline.data.splits import check_splits
 from pipeline.runtime import distributed
 
 
-class Tokenizer:
-    """What GPTDataset needs of a tokenizer: its size and end-of-document id."""
+class VocabInfo:
+    """What GPTDataset needs of the tokenizer (its `tokenizer` argument): the vocabulary size
+    and the end-of-document id."""
 
     def __init__(self, vocab_size: int, eod: int):
         self.vocab_size = vocab_size
@@ -52,6 +53,16 @@ def load_manifest(paths: RunPaths) -> dict:
     return files.read_json(paths.manifest)
 
 
+def vocab_size(cfg: PipelineConfig) -> tuple[int, str]:
+    """The run's vocabulary and where it was read: the data manifest (of this run, or of
+    data.prepared) once tokenized, else tokenizer.vocab_size."""
+    for run in (cfg.workdir, cfg.data.prepared):
+        if run and RunPaths.of(run).manifest.exists():
+            manifest = RunPaths.of(run).manifest
+            return int(load_manifest(RunPaths.of(run))["vocab_size"]), str(manifest)
+    return int(cfg.tokenizer.vocab_size), "tokenizer.vocab_size"
+
+
 def _config(cfg: PipelineConfig, manifest: dict):
     from megatron.core.datasets.gpt_dataset import GPTDatasetConfig
 
@@ -65,7 +76,7 @@ def _config(cfg: PipelineConfig, manifest: dict):
         blend=(prefixes, weights),
         split=cfg.data.split,
         path_to_cache=str(paths.index_cache),
-        tokenizer=Tokenizer(manifest["vocab_size"], manifest["eod_id"]),
+        tokenizer=VocabInfo(manifest["vocab_size"], manifest["eod_id"]),
         reset_position_ids=False,
         reset_attention_mask=False,
         eod_mask_loss=False,

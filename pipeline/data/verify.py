@@ -1,8 +1,10 @@
-"""After the tokenize array: check every shard, optionally merge them, write manifest.json.
+"""After the tokenize array: check every shard, merge them if asked (pipeline.data.merge),
+write manifest.json.
 
-Reads the files with `pipeline.indexed`, not megatron-core: this step imports neither it nor
-torch, so a tokenize-only run pays no seconds of start-up for them. The dataset index cache
-for a training run is built by the train stage's own `index` step (pipeline.index_cache).
+Reads the files with `pipeline.data.indexed`, not megatron-core: this step imports neither it
+nor torch, so a tokenize-only run pays no seconds of start-up for them (merging alone uses
+megatron-core's builder). The dataset index cache for a training run is built by the train
+stage's own `index` step (pipeline.data.index_cache).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from pipeline.core import files
 from pipeline.core.paths import RunPaths
 from pipeline.data import shards
 from pipeline.data.indexed import CorruptIndex, read_index
+from pipeline.data.merge import merge
 from pipeline.data.splits import SPLITS, check_splits, split_tokens
 from pipeline.data.tokenize import is_shard_complete
 
@@ -45,42 +48,6 @@ def check_shard(prefix: str, marker: dict, vocab_size: int) -> None:
     ids = np.memmap(f"{prefix}.bin", dtype=index.dtype, mode="r") if tokens else np.zeros(0)
     if ids.size and int(ids.max()) >= vocab_size:
         raise CorruptShard(f"{prefix}.bin: token id {int(ids.max())} >= vocab size {vocab_size}")
-
-
-def merge(paths: RunPaths, tokenized: list[dict], groups: int, split: str) -> list[dict]:
-    """Concatenate consecutive shards into `groups` files with megatron-core's builder, each
-    written under a temporary name and renamed when whole."""
-    from megatron.core.datasets.indexed_dataset import IndexedDataset, IndexedDatasetBuilder
-
-    merged = []
-    bounds = [round(len(tokenized) * g / groups) for g in range(groups + 1)]
-    for g in range(groups):
-        members = tokenized[bounds[g] : bounds[g + 1]]
-        target = paths.data_dir / f"merged-{g:05d}"
-        partial = f"{target}.partial"
-        first = IndexedDataset(str(paths.root / members[0]["prefix"]), mmap=True)
-        builder = IndexedDatasetBuilder(f"{partial}.bin", dtype=first.index.dtype)
-        del first
-        for member in members:
-            builder.add_index(str(paths.root / member["prefix"]))
-        builder.finalize(f"{partial}.idx")
-        files.publish(partial, target, (".bin", ".idx"))
-        rejected: Counter = Counter()
-        for member in members:
-            rejected.update(member["rejected"])
-        merged.append(
-            {
-                "prefix": str(target.relative_to(paths.root)),
-                "split_tokens": split_tokens(str(target), split),
-                **{
-                    k: sum(m[k] for m in members)
-                    for k in ("documents", "tokens", "bytes_in", "seconds")
-                },
-                "rejected": dict(rejected),
-                "merged_from": [m["prefix"] for m in members],
-            }
-        )
-    return merged
 
 
 class Manifest(TypedDict):

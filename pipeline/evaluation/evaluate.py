@@ -1,4 +1,4 @@
-"""The evaluation step: loss and perplexity of a checkpoint (the best, by default) on the
+"""The evaluation: loss and perplexity of a checkpoint (the best, by default) on the
 held-out test split and on the extra sets (see pipeline.data.evalsets for what is measured), the
 test loss of every checkpoint kept (eval.all_checkpoints), text samples, lm-evaluation-harness
 tasks, then the report. eval/DONE.json is written last."""

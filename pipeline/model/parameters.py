@@ -1,4 +1,4 @@
-"""Parameter counts of the model `spec.build` makes, by arithmetic on its shape (no torch):
+"""Parameter counts of the model `gpt.build` makes, by arithmetic on its shape (no torch):
 the whole replica, and one GPU's share under tensor and pipeline parallelism. Tests compare
 them with the megatron-core model itself."""
 
@@ -96,7 +96,7 @@ def output_params(m: ModelConfig, vocab_size: int, tensor: int, pipeline: int = 
 
 
 def parameter_count(m: ModelConfig, vocab_size: int, tensor: int = 1) -> dict[str, int]:
-    """Parameters of one model replica, as `spec.count_parameters` reports them (embedding,
+    """Parameters of one model replica, as `count_parameters` reports them (embedding,
     transformer, output_layer, total), with the breakdown beside them; the vocabulary padded
     for `tensor` ranks."""
     layer = layer_params(m)

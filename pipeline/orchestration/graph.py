@@ -51,7 +51,7 @@ class ArrayStep(Step, Protocol):
         ...
 
 
-STAGES: dict[str, list[Step]] = {
+STEPS_OF_STAGE: dict[str, list[Step]] = {
     "tokenize": [TOKENIZER, TOKENIZE, VERIFY],
     "train": [INDEX, TRAIN],
     "evaluate": [EVALUATE],
@@ -60,7 +60,7 @@ STAGES: dict[str, list[Step]] = {
 
 def steps(cfg: PipelineConfig) -> list[Step]:
     """Every step the configured stages need, in order, complete ones included."""
-    return [step for stage in cfg.stages for step in STAGES[stage]]
+    return [step for stage in cfg.stages for step in STEPS_OF_STAGE[stage]]
 
 
 def pending(cfg: PipelineConfig) -> list[Step]:
@@ -73,4 +73,4 @@ def by_name(cfg: PipelineConfig) -> dict[str, Step]:
 
 def step_named(name: str) -> Step:
     """Any step by its name (tokenizer, tokenize, verify, index, train, evaluate)."""
-    return {step.name: step for stage in STAGES.values() for step in stage}[name]
+    return {step.name: step for stage in STEPS_OF_STAGE.values() for step in stage}[name]

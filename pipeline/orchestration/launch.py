@@ -3,7 +3,9 @@ step that is not complete yet, holding the run folder's lock."""
 
 from __future__ import annotations
 
+import os
 import sys
+from pathlib import Path
 
 from pipeline import config
 from pipeline.config import PipelineConfig
@@ -11,22 +13,26 @@ from pipeline.core import files
 from pipeline.core.lock import run_lock
 from pipeline.core.paths import RunPaths
 from pipeline.core.steps import Placement
-from pipeline.orchestration import executors, graph, sweep
+from pipeline.data.datasets import vocab_size
+from pipeline.orchestration import executors, graph
 from pipeline.planning import preflight, render
+
+SHARED = ("corpus", "tokenizer", "data")  # what a run with data.prepared takes from another
 
 
 def launch(cfg: PipelineConfig) -> int:
-    """Refuse what cannot work, then run or submit the pending steps; print where it all went."""
-    if cfg.data.prepared:
-        sweep.link_prepared_data(cfg)
+    """Refuse what cannot work, then run or submit the pending steps; print where it all went.
+    A dry run prints what it would run or submit, and writes nothing."""
     preflight.check_stage_inputs(cfg)
     if "train" in cfg.stages:  # refuse what would fail after hours in the queue
-        preflight.check_training(cfg, render.vocab_size_of(cfg)[0])
-    if cfg.dry_run:  # writes nothing
+        preflight.check_training(cfg, vocab_size(cfg)[0])
+    if cfg.dry_run:
         _run_pending(cfg, prepare=False)
         return 0
     paths = RunPaths.of(cfg.workdir)
     with run_lock(paths.root):  # one launcher per run folder
+        if cfg.data.prepared:
+            _link_prepared_data(Path(cfg.data.prepared), paths)
         files.write_text(paths.config, config.to_yaml(cfg))
         _run_pending(cfg, prepare=True)
     print(f"\nRun folder: {paths.root}")
@@ -36,9 +42,18 @@ def launch(cfg: PipelineConfig) -> int:
     return 0
 
 
+def _link_prepared_data(prepared: Path, paths: RunPaths) -> None:
+    """The prepared run's corpus, tokenizer and data folders, linked into this run."""
+    source = prepared.expanduser().resolve()
+    for name in SHARED:
+        link = paths.root / name
+        if not link.exists() and (source / name).exists():
+            os.symlink(source / name, link)
+
+
 def _run_pending(cfg: PipelineConfig, prepare: bool) -> None:
     if "train" in cfg.stages:  # the plan, before anything is submitted
-        for line in render.summary_lines(cfg, render.vocab_size_of(cfg)[0]):
+        for line in render.summary_lines(cfg, vocab_size(cfg)[0]):
             print(line, file=sys.stderr)
     if prepare:  # cheap work that fixes the size of an array (the built-in corpus, shard plan)
         for step in graph.steps(cfg):

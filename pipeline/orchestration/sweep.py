@@ -9,7 +9,6 @@ the tokenized data of the base run, and a table of the points when all have fini
 from __future__ import annotations
 
 import dataclasses
-import os
 from pathlib import Path
 from typing import Any
 
@@ -20,9 +19,7 @@ from omegaconf import DictConfig
 
 from pipeline.config import PipelineConfig
 from pipeline.core import files
-from pipeline.reporting.sweep_table import write_summary
-
-SHARED = ("corpus", "tokenizer", "data")
+from pipeline.reporting.sweep_table import write_sweep_summary
 
 
 def is_multirun() -> bool:
@@ -40,21 +37,10 @@ def point_config(cfg: PipelineConfig) -> PipelineConfig:
     return dataclasses.replace(cfg, workdir=point, data=data, cluster=cluster)
 
 
-def link_prepared_data(cfg: PipelineConfig) -> None:
-    """Link the prepared run's corpus, tokenizer and data folders into this run."""
-    source = Path(cfg.data.prepared).expanduser().resolve()
-    target = Path(cfg.workdir).expanduser().resolve()
-    target.mkdir(parents=True, exist_ok=True)
-    for name in SHARED:
-        link = target / name
-        if not link.exists() and (source / name).exists():
-            os.symlink(source / name, link)
-
-
 class SweepSummary(Callback):
     """Writes <sweep dir>/summary.md when the launcher reports every point finished."""
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         sweep_dir = Path(config.hydra.sweep.dir)
-        text = write_summary(sweep_dir)
+        text = write_sweep_summary(sweep_dir)
         print(f"\nSweep summary ({sweep_dir / 'summary.md'}):\n{text}")

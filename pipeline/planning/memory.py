@@ -12,8 +12,7 @@ from pipeline.config import ModelConfig
 from pipeline.model.parameters import stage_params
 from pipeline.model.sizes import ffn_hidden_size, padded_vocab
 from pipeline.planning.parallel_layout import ParallelLayout
-
-GIB = 2**30
+from pipeline.planning.units import GIB
 
 # Memory outside the per-tensor estimates: CUDA context (not seen by torch's allocator), cuBLAS
 # and Transformer Engine workspaces, NCCL buffers, and the caching allocator's fragmentation.

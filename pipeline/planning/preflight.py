@@ -27,14 +27,16 @@ SAVE_MARGIN_S = 10.0
 
 
 def check_stage_inputs(cfg: PipelineConfig) -> None:
-    """A stage run alone needs the outputs of the stages before it."""
+    """A stage run alone needs the outputs of the stages before it (tokenized data of its
+    own, or of the run data.prepared names)."""
     paths = RunPaths.of(cfg.workdir)
     if "tokenize" not in cfg.stages:
-        if not paths.manifest.exists():
+        data = RunPaths.of(cfg.data.prepared) if cfg.data.prepared else paths
+        if not data.manifest.exists():
             raise ConfigError(
-                f"stages: no tokenized data in {paths.data_dir}; add tokenize to stages"
+                f"stages: no tokenized data in {data.data_dir}; add tokenize to stages"
             )
-        check_splits(load_manifest(paths), cfg.model.seq_length)
+        check_splits(load_manifest(data), cfg.model.seq_length)
     evaluate_alone = "evaluate" in cfg.stages and "train" not in cfg.stages
     named = str(cfg.eval.checkpoint) in ("best", "latest")
     if evaluate_alone and named and not paths.checkpoints.exists():

@@ -4,12 +4,11 @@ wall time, and the layout search)."""
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, replace
 
 from pipeline.config import PipelineConfig
 from pipeline.config.derived import world_size
-from pipeline.core.paths import RunPaths
+from pipeline.data import datasets
 from pipeline.model.flops import flops_per_sequence
 from pipeline.model.parameters import parameter_count, stage_params
 from pipeline.model.sizes import ffn_hidden_size
@@ -43,17 +42,6 @@ class PlanOptions:
     gpu: str | None = None
     tokens: float | None = None
     mfu: float | None = None
-
-
-def vocab_size_of(cfg: PipelineConfig) -> tuple[int, str]:
-    """The run's vocabulary: from its data manifest when tokenized, else the tokenizer config."""
-    manifests = [RunPaths.of(cfg.workdir).manifest]
-    if cfg.data.prepared:
-        manifests.append(RunPaths.of(cfg.data.prepared).manifest)
-    for manifest in manifests:
-        if manifest.exists():
-            return int(json.loads(manifest.read_text())["vocab_size"]), str(manifest)
-    return int(cfg.tokenizer.vocab_size), "tokenizer.vocab_size"
 
 
 def summary_lines(cfg: PipelineConfig, vocab_size: int) -> list[str]:
@@ -263,7 +251,7 @@ def _search_lines(
 
 def plan_lines(cfg: PipelineConfig, options: PlanOptions) -> list[str]:
     """The whole plan for a validated config, as lines to print."""
-    vocab_size, source = vocab_size_of(cfg)
+    vocab_size, source = datasets.vocab_size(cfg)
     layout = ParallelLayout.of(cfg)
     # a CPU run is compared with a GPU only when one is named
     named = options.gpu is not None or options.gpu_memory_gb is not None

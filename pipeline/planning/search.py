@@ -8,9 +8,10 @@ from dataclasses import dataclass, field, replace
 
 from pipeline.config import ModelConfig, PipelineConfig
 from pipeline.model.sizes import ffn_hidden_size
-from pipeline.planning.memory import GIB, memory_per_gpu
+from pipeline.planning.memory import memory_per_gpu
 from pipeline.planning.parallel_layout import ParallelLayout
 from pipeline.planning.throughput import DEFAULT_MFU, expected_step
+from pipeline.planning.units import GIB
 from pipeline.runtime.gpus import GPU_BY_MEMORY, capacity_bytes, peak_tflops
 
 RECOMPUTE_MODES = ("none", "selective", "full")

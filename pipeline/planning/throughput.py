@@ -3,7 +3,6 @@ utilisation, with FLOPs by Megatron-LM's formula (pipeline.model.flops)."""
 
 from __future__ import annotations
 
-import json
 import math
 import statistics
 
@@ -13,6 +12,7 @@ from pipeline.model.flops import flops_per_sequence
 from pipeline.model.parameters import stage_params
 from pipeline.planning.memory import activation_dtype_bytes
 from pipeline.planning.parallel_layout import ParallelLayout
+from pipeline.reporting.summary import read_metrics
 
 DEFAULT_MFU = 0.5
 # Throughput heuristic. Extra compute of recomputation: full recompute repeats each layer's
@@ -100,16 +100,6 @@ def expected_step(
 
 
 def measured_mfu(cfg: PipelineConfig) -> float | None:
-    """The median MFU the run's training stage logged, if it has run on GPUs."""
-    metrics = RunPaths.of(cfg.workdir).metrics
-    if not metrics.exists():
-        return None
-    values = []
-    for line in metrics.read_text().splitlines():
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if isinstance(record.get("mfu"), (int, float)):
-            values.append(float(record["mfu"]))
-    return statistics.median(values) if values else None
+    """The median MFU the run's training logged, if it has trained on GPUs."""
+    logged = [r["mfu"] for r in read_metrics(RunPaths.of(cfg.workdir)).train if "mfu" in r]
+    return statistics.median(logged) if logged else None

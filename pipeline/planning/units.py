@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-GIB = 2**30
+from pipeline.runtime.gpus import GIB
+
+__all__ = ["GIB", "count", "duration", "flops", "gib"]
 
 
 def count(n: float) -> str:

@@ -69,7 +69,7 @@ def plot_validation(sweep_dir: Path) -> Path | None:
     return save_figure(fig, sweep_dir / "val_loss.png")
 
 
-def write_summary(sweep_dir: Path) -> str:
+def write_sweep_summary(sweep_dir: Path) -> str:
     """sweep/summary.md: the table and, once points have validated, their curves."""
     text = table(sweep_dir)
     if plot_validation(sweep_dir):

@@ -18,7 +18,7 @@ PEAK_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0, "L40S": 362.0, "B200
 DEVICE_MIB = {24: 24576, 40: 40960, 80: 81559, 141: 143771}
 # The GPU assumed for a memory size when none is named (for its peak FLOP/s).
 GPU_BY_MEMORY = {40: "A100", 80: "H100", 141: "H200"}
-GIB = 2**30
+GIB = 2**30  # bytes
 
 
 def peak_tflops(device_name: str, precision: str) -> float | None:

@@ -25,10 +25,10 @@ import torch.distributed as dist
 
 from pipeline.core import files
 from pipeline.core.errors import NonFinite
+from pipeline.core.paths import BEST_CHECKPOINT as BEST
+from pipeline.core.paths import CHECKPOINT_TRACKER as TRACKER
 from pipeline.runtime import distributed
-from pipeline.training.resume import TRACKER
 
-BEST = "best.json"
 NAME = re.compile(r"iter_\d{7}")  # a finished checkpoint; .partial and .deleting ones are not
 
 

@@ -11,7 +11,7 @@ import torch.distributed as dist
 
 from pipeline.config import PipelineConfig
 from pipeline.data.datasets import MicroBatchSampler, loader
-from pipeline.model import spec
+from pipeline.model import gpt
 from pipeline.model.backends import base as backends
 from pipeline.model.sizes import padded_vocab
 from pipeline.runtime import distributed
@@ -66,7 +66,7 @@ class Engine:
         chunks = []
         for stage in range(vp or 1):
             vp_stage = stage if vp else None
-            chunk = spec.build(
+            chunk = gpt.build(
                 self.cfg,
                 self.vocab_size,
                 self.backend,

@@ -7,13 +7,12 @@ from pipeline.config import ParallelConfig
 from pipeline.core import files
 from pipeline.core.paths import RunPaths
 
-TRACKER = "latest.txt"  # in the checkpoints folder: the newest complete checkpoint's name
 LAYOUT_KEYS = ("tensor", "pipeline", "virtual_pipeline")
 
 
 def tracked_state(paths: RunPaths) -> dict | None:
     """state.json of the checkpoint latest.txt names, if any."""
-    tracker = paths.checkpoints / TRACKER
+    tracker = paths.checkpoint_tracker
     if not tracker.is_file():
         return None
     return files.read_json_or_none(paths.checkpoints / tracker.read_text().strip() / "state.json")

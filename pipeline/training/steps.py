@@ -31,7 +31,7 @@ class TrainStep:
 
         trainer = Trainer(cfg)
         if trainer.rank.is_first:
-            files.write_text(paths.train_dir / "config.yaml", config.to_yaml(cfg))
+            files.write_text(paths.train_config, config.to_yaml(cfg))
         return trainer.fit()
 
 

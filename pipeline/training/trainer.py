@@ -1,21 +1,19 @@
-"""The training step: one loop for CPU and GPU around megatron-core's forward/backward
+"""The training loop: one for CPU and GPU around megatron-core's forward/backward
 schedules, with validation, checkpoints, the best one kept, and a save before a time limit or
 preemption. What differs by hardware comes from the backend (pipeline.model.backends)."""
 
 from __future__ import annotations
 
-import json
 import math
 import signal
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import Any, TypedDict
+from typing import TypedDict
 
 import torch
-import torch.distributed as dist
 
-from pipeline.config import PipelineConfig
+from pipeline.config import PipelineConfig, TrainConfig
 from pipeline.config.derived import world_size
 from pipeline.core import files
 from pipeline.core.errors import NonFinite
@@ -27,6 +25,7 @@ from pipeline.reporting.summary import write_summary
 from pipeline.runtime.gpus import peak_tflops
 from pipeline.training import checkpoint, resume
 from pipeline.training.engine import Engine
+from pipeline.training.metrics import MetricsLog, Throughput, console_line
 from pipeline.training.profiling import StepProfiler
 from pipeline.training.signals import StopRequest
 
@@ -67,8 +66,6 @@ class RunState:
 
 class Trainer(Engine):
     def __init__(self, cfg: PipelineConfig):
-        from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
-
         self.paths = RunPaths.of(cfg.workdir)
         self.manifest = datasets.load_manifest(self.paths)
         super().__init__(cfg, self.manifest["vocab_size"])
@@ -79,26 +76,9 @@ class Trainer(Engine):
                 f"= {ranks}; launch one task per GPU as configured"
             )
         self.optimizer = self.backend.optimizer(self.chunks, cfg)
-        t = cfg.train
-        self.scheduler = OptimizerParamScheduler(
-            self.optimizer,
-            init_lr=0.0,
-            max_lr=t.lr,
-            min_lr=t.min_lr,
-            lr_warmup_steps=t.warmup_steps,
-            lr_decay_steps=t.steps,
-            lr_decay_style=t.lr_decay_style,
-            start_wd=t.weight_decay,
-            end_wd=t.weight_decay,
-            wd_incr_steps=t.steps,
-            wd_incr_style="constant",
-            wsd_decay_steps=max(1, t.steps // 10),
-            lr_wsd_decay_style="linear",
-        )
-        per_sequence = flops.flops_per_sequence(cfg.model, self.vocab_size, cfg.parallel.tensor)
-        self.flops_per_step = per_sequence * t.global_batch_size
-        name = torch.cuda.get_device_name() if self.device.type == "cuda" else "cpu"
-        self.peak = peak_tflops(name, t.precision)
+        self.scheduler = lr_scheduler(self.optimizer, cfg.train)
+        self.metrics = MetricsLog(self.paths, self.is_logger)
+        self.throughput = self._throughput()
         self.state = RunState()
         self._clock = time.time()  # this attempt's wall time is added to the state from here
 
@@ -147,7 +127,7 @@ class Trainer(Engine):
         self.state = RunState(**saved["run"])
         self.scheduler.load_state_dict(self.state.scheduler)
         self._log(f"resumed from {folder} at step {self.state.step}")
-        self._record(None, {"step": self.state.step, "resumed_from": folder.name})
+        self.metrics.record({"step": self.state.step, "resumed_from": folder.name})
 
     def _check_resumable_layout(self, folder) -> None:
         """Refused before submission too (planning.preflight); here for a step called directly."""
@@ -162,22 +142,6 @@ class Trainer(Engine):
         now = time.time()
         self.state.wall_seconds += now - self._clock
         self._clock = now
-
-    def _trim_metrics(self) -> None:
-        """Keep the metrics of the steps up to the one this run starts from: a killed run may
-        have logged later steps, which are done again, or died in the middle of a line."""
-        path = self.paths.metrics
-        if not self.is_logger or not path.exists():
-            return
-        kept = []
-        for line in path.read_text().splitlines():
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError:
-                continue  # cut short by a kill
-            if record["step"] <= self.state.step:
-                kept.append(line + "\n")
-        files.write_text(path, "".join(kept))
 
     def save(self) -> None:
         self._tick()
@@ -203,27 +167,19 @@ class Trainer(Engine):
         if self.is_logger:
             print(text, file=sys.stderr, flush=True)
 
-    def _record(self, writer, record: dict[str, Any]) -> None:
-        if not self.is_logger:
-            return
-        with open(self.paths.metrics, "a") as f:
-            f.write(json.dumps(record) + "\n")
-        if writer is not None:
-            for key, value in record.items():
-                if key != "step" and isinstance(value, (int, float)):
-                    writer.add_scalar(key, value, record["step"])
-
-    def _throughput(self, steps: int, seconds: float) -> dict[str, float]:
-        t, m = self.cfg.train, self.cfg.model
-        tokens = steps * t.global_batch_size * m.seq_length
-        world = dist.get_world_size() if dist.is_initialized() else 1
-        tflops = steps * self.flops_per_step / seconds / world / 1e12
-        out = {"tokens_per_s": tokens / seconds, "tflops_per_gpu": tflops}
-        if self.peak:
-            out["mfu"] = tflops / self.peak
-        if self.device.type == "cuda":
-            out["peak_mem_gib"] = torch.cuda.max_memory_allocated() / 2**30
-        return out
+    def _throughput(self) -> Throughput:
+        cfg, t = self.cfg, self.cfg.train
+        per_sequence = flops.flops_per_sequence(cfg.model, self.vocab_size, cfg.parallel.tensor)
+        on_cuda = self.device.type == "cuda"
+        return Throughput(
+            tokens_per_step=t.global_batch_size * cfg.model.seq_length,
+            flops_per_step=per_sequence * t.global_batch_size,
+            ranks=self.rank.world_size,
+            peak_tflops=peak_tflops(
+                torch.cuda.get_device_name() if on_cuda else "cpu", t.precision
+            ),
+            on_cuda=on_cuda,
+        )
 
     # --- the loop -----------------------------------------------------------------------------
 
@@ -231,16 +187,14 @@ class Trainer(Engine):
         cfg, t = self.cfg, self.cfg.train
         self.paths.train_dir.mkdir(parents=True, exist_ok=True)
         self.resume()
-        self._trim_metrics()
+        self.metrics.keep_until(self.state.step)
         train_ds, valid_ds = datasets.train_valid_datasets(cfg, self.manifest)
         # before the data-loading workers fork: they inherit the handlers, and a job signal
         # (time-limit warning, preemption) reaches them too, which would otherwise kill them
         stop = StopRequest()
         iterators = self.iterators(train_ds, self.state.consumed_samples, t.micro_batch_size)
-        writer = self._tensorboard()
-        profiler = StepProfiler(
-            list(t.profile_steps), self.paths.train_dir / "profile.txt", self.is_logger
-        )
+        self.metrics.open_tensorboard(self.state.step)
+        profiler = StepProfiler(list(t.profile_steps), self.paths.profile, self.is_logger)
         window_seconds, window_steps = 0.0, 0
         tokens_per_step = t.global_batch_size * cfg.model.seq_length
         while self.state.step < t.steps:
@@ -270,10 +224,10 @@ class Trainer(Engine):
                     "grad_norm": grad_norm,
                     "lr": self.optimizer.param_groups[0]["lr"],
                     "skipped_steps": st.skipped_steps,
-                    **self._throughput(window_steps, window_seconds),
+                    **self.throughput.over(window_steps, window_seconds),
                 }
-                self._record(writer, record)
-                self._log(_format(record, t.steps))
+                self.metrics.record(record)
+                self._log(console_line(record, t.steps))
                 window_seconds, window_steps = 0.0, 0
             due_save = t.save_interval > 0 and (
                 st.step % t.save_interval == 0 or st.step == t.steps
@@ -283,9 +237,7 @@ class Trainer(Engine):
                 st.val_loss, _ = self.loss_over(valid_ds, t.micro_batch_size, t.eval_iters)
                 if st.best_val_loss is None or st.val_loss < st.best_val_loss:
                     st.best_val_loss = st.val_loss
-                self._record(
-                    writer, {"step": st.step, "tokens": st.tokens, "val_loss": st.val_loss}
-                )
+                self.metrics.record({"step": st.step, "tokens": st.tokens, "val_loss": st.val_loss})
                 self._log(f"step {st.step}: validation loss {st.val_loss:.4f}")
             stopping = stop.agreed(self.device)
             if due_save or stopping:
@@ -298,22 +250,10 @@ class Trainer(Engine):
                     f"{signals or 'a signal on another rank'}: saved step {st.step}, {leaving}"
                 )
                 return Interrupted(st.step, requeue)
-        if writer is not None:
-            writer.close()
+        self.metrics.close()
         result = self._finish()
         stop.ignore_warnings()
         return result
-
-    def _tensorboard(self):
-        if not self.is_logger:
-            return None
-        try:
-            from torch.utils.tensorboard import SummaryWriter
-        except ImportError:
-            return None
-        # On resume, TensorBoard drops what a killed run logged after the checkpoint.
-        purge = self.state.step + 1 if self.state.step else None
-        return SummaryWriter(str(self.paths.tensorboard), purge_step=purge)
 
     def _finish(self) -> TrainRecord:
         self._tick()
@@ -347,17 +287,23 @@ class Trainer(Engine):
         return result
 
 
-def _format(r: dict, total_steps: int) -> str:
-    parts = [
-        f"step {r['step']}/{total_steps}",
-        f"loss {r['loss']:.4f}",
-        f"grad {r['grad_norm']:.3f}",
-        f"lr {r['lr']:.2e}",
-        f"{r['tokens_per_s']:,.0f} tok/s",
-        f"{r['tflops_per_gpu']:.2f} TFLOP/s/GPU",
-    ]
-    if "mfu" in r:
-        parts.append(f"MFU {100 * r['mfu']:.1f}%")
-    if "peak_mem_gib" in r:
-        parts.append(f"mem {r['peak_mem_gib']:.1f} GiB")
-    return " | ".join(parts)
+def lr_scheduler(optimizer, t: TrainConfig):
+    """megatron-core's schedule: linear warm-up to train.lr, then train.lr_decay_style down to
+    train.min_lr at train.steps (WSD: the last tenth of the steps)."""
+    from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
+
+    return OptimizerParamScheduler(
+        optimizer,
+        init_lr=0.0,
+        max_lr=t.lr,
+        min_lr=t.min_lr,
+        lr_warmup_steps=t.warmup_steps,
+        lr_decay_steps=t.steps,
+        lr_decay_style=t.lr_decay_style,
+        start_wd=t.weight_decay,
+        end_wd=t.weight_decay,
+        wd_incr_steps=t.steps,
+        wd_incr_style="constant",
+        wsd_decay_steps=max(1, t.steps // 10),
+        lr_wsd_decay_style="linear",
+    )

@@ -67,7 +67,7 @@ def fresh_model(run):
     from megatron.core import parallel_state
 
     from pipeline.data.tokenizer import load
-    from pipeline.model import spec
+    from pipeline.model import gpt
     from pipeline.model.backends.cpu import CpuBackend
     from pipeline.runtime import distributed
 
@@ -77,7 +77,7 @@ def fresh_model(run):
     distributed.init("gloo")
     if not parallel_state.model_parallel_is_initialized():
         parallel_state.initialize_model_parallel(1, 1)
-    net = spec.build(cfg, manifest["vocab_size"], CpuBackend())
+    net = gpt.build(cfg, manifest["vocab_size"], CpuBackend())
     best = Path(_evaluation(workdir)["checkpoint"])
     dist_checkpoint.load_weights(best, [net])
     net.eval()

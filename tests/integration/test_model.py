@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from pipeline.model import spec
+from pipeline.model import gpt
 from pipeline.model.backends.cpu import CpuBackend
 from pipeline.model.parameters import count_parameters, parameter_count, stage_params
 from pipeline.model.sizes import padded_vocab
@@ -97,13 +97,13 @@ def _breakdown(gpt) -> dict[str, int]:
 def test_parameter_count_equals_the_built_megatron_model(shape, model_parallel, tmp_path):
     overrides, vocab = SHAPES[shape]
     cfg = make_config(tmp_path, *overrides)
-    gpt = spec.build(cfg, vocab, CpuBackend())
-    built = count_parameters(gpt)
+    model = gpt.build(cfg, vocab, CpuBackend())
+    built = count_parameters(model)
     planned = parameter_count(cfg.model, vocab)
     assert {key: planned[key] for key in built} == built
-    assert {key: planned[key] for key in _breakdown(gpt)} == _breakdown(gpt)
-    position = sum(p.numel() for n, p in gpt.named_parameters() if "position_embeddings" in n)
+    assert {key: planned[key] for key in _breakdown(model)} == _breakdown(model)
+    position = sum(p.numel() for n, p in model.named_parameters() if "position_embeddings" in n)
     assert planned["position_embedding"] == position
-    assert planned["padded_vocab"] == gpt.vocab_size == padded_vocab(vocab, cfg.model, 1)
+    assert planned["padded_vocab"] == model.vocab_size == padded_vocab(vocab, cfg.model, 1)
     # one GPU holds the whole model
     assert stage_params(cfg.model, vocab, 1, 1, 0)["total"] == built["total"]

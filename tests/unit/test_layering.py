@@ -21,7 +21,7 @@ BELOW = {
     "model": {"core", "config", "runtime"},
     "training": {"core", "config", "runtime", "data", "model", "reporting"},
     "evaluation": {"core", "config", "runtime", "data", "model", "training", "reporting"},
-    "planning": {"core", "config", "runtime", "data", "model", "training"},
+    "planning": {"core", "config", "runtime", "data", "model", "training", "reporting"},
 }
 BELOW["orchestration"] = set(BELOW) | {"planning"}
 # the package's face, the command lines, and what loads jobs queued by the previous version

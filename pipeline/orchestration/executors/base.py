@@ -54,6 +54,6 @@ def stop_if_interrupted(step: Step, result: Any) -> None:
     not run on its unfinished outputs (evaluating a half-trained model, say)."""
     if isinstance(result, Interrupted):
         raise StageError(
-            f"{step.name}: stopped by a signal at step {result.step} after saving; "
+            f"{step.name}: stopped by a signal at step {result.at_step} after saving; "
             "rerun the same command to resume"
         )

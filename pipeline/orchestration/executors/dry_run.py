@@ -28,12 +28,12 @@ def describe_graph(steps: list[Step], cfg: PipelineConfig) -> str:
 class DryRunExecutor:
     name = "dry_run"
 
-    def __init__(self, scheduler: str) -> None:
-        self.scheduler = scheduler  # the executor the real run would use
+    def __init__(self, real_executor: str) -> None:
+        self.real_executor = real_executor  # the one the real run would use
 
     def run(self, steps: list[Step], cfg: PipelineConfig) -> None:
         print(f"Job graph: {describe_graph(steps, cfg)}")
-        if self.scheduler != slurm.SlurmExecutor.name:
+        if self.real_executor != slurm.SlurmExecutor.name:
             return
         for before, step in zip([None, *steps], steps, strict=False):
             after = f"<{before.name} job>" if before else None

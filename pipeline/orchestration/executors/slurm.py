@@ -1,7 +1,7 @@
 """cluster.executor=slurm: every step submitted at once through submitit, each held by an
 `afterok` dependency on the one before, so the chain runs unattended and a failure cancels
-what depends on it (--kill-on-invalid-dep=yes). The only module that talks to submitit's
-Slurm side."""
+what depends on it (--kill-on-invalid-dep=yes). The only module that submits to Slurm (a
+running job requeues itself from pipeline.orchestration.tasks)."""
 
 from __future__ import annotations
 

@@ -1,0 +1,99 @@
+"""What training logs: train/metrics.jsonl and TensorBoard (the logging rank alone), the
+throughput with Megatron-LM's FLOP formula, and the console line of a logged step."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from pipeline.core import files
+from pipeline.core.paths import RunPaths
+
+
+class MetricsLog:
+    """One JSON record a line (training steps, validations, resumes), mirrored to
+    TensorBoard. Every rank holds one; only the logging rank's writes anything."""
+
+    def __init__(self, paths: RunPaths, enabled: bool) -> None:
+        self.paths, self.enabled = paths, enabled
+        self.writer = None
+
+    def keep_until(self, step: int) -> None:
+        """Keep the records of the steps up to `step`, the one this attempt starts from: a
+        killed run may have logged later steps, which are done again, or died mid-line."""
+        path = self.paths.metrics
+        if not self.enabled or not path.exists():
+            return
+        kept = []
+        for line in path.read_text().splitlines():
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:
+                continue  # cut short by a kill
+            if record["step"] <= step:
+                kept.append(line + "\n")
+        files.write_text(path, "".join(kept))
+
+    def open_tensorboard(self, resumed_at: int) -> None:
+        if not self.enabled:
+            return
+        try:
+            from torch.utils.tensorboard import SummaryWriter
+        except ImportError:
+            return
+        # On resume, TensorBoard drops what a killed run logged after the checkpoint.
+        purge = resumed_at + 1 if resumed_at else None
+        self.writer = SummaryWriter(str(self.paths.tensorboard), purge_step=purge)
+
+    def record(self, record: dict[str, Any]) -> None:
+        if not self.enabled:
+            return
+        with open(self.paths.metrics, "a") as f:
+            f.write(json.dumps(record) + "\n")
+        if self.writer is not None:
+            for key, value in record.items():
+                if key != "step" and isinstance(value, (int, float)):
+                    self.writer.add_scalar(key, value, record["step"])
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+
+
+@dataclass(frozen=True)
+class Throughput:
+    """tokens/s, TFLOP/s per GPU and MFU of a window of steps."""
+
+    tokens_per_step: int
+    flops_per_step: float  # Megatron-LM's formula, the whole job
+    ranks: int
+    peak_tflops: float | None  # per GPU; None: MFU unknown (CPU, an unknown GPU)
+    on_cuda: bool
+
+    def over(self, steps: int, seconds: float) -> dict[str, float]:
+        tflops = steps * self.flops_per_step / seconds / self.ranks / 1e12
+        out = {"tokens_per_s": steps * self.tokens_per_step / seconds, "tflops_per_gpu": tflops}
+        if self.peak_tflops:
+            out["mfu"] = tflops / self.peak_tflops
+        if self.on_cuda:
+            import torch
+
+            out["peak_mem_gib"] = torch.cuda.max_memory_allocated() / 2**30
+        return out
+
+
+def console_line(r: dict, total_steps: int) -> str:
+    parts = [
+        f"step {r['step']}/{total_steps}",
+        f"loss {r['loss']:.4f}",
+        f"grad {r['grad_norm']:.3f}",
+        f"lr {r['lr']:.2e}",
+        f"{r['tokens_per_s']:,.0f} tok/s",
+        f"{r['tflops_per_gpu']:.2f} TFLOP/s/GPU",
+    ]
+    if "mfu" in r:
+        parts.append(f"MFU {100 * r['mfu']:.1f}%")
+    if "peak_mem_gib" in r:
+        parts.append(f"mem {r['peak_mem_gib']:.1f} GiB")
+    return " | ".join(parts)
