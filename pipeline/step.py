@@ -7,6 +7,7 @@ comes from Slurm's variables, an array task's index from SLURM_ARRAY_TASK_ID.
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 
@@ -20,21 +21,19 @@ from pipeline.core.steps import Placement
 from pipeline.orchestration import graph
 from pipeline.orchestration.tasks import ArrayTask, DistributedTask
 
-STEP = sys.argv.pop(1) if len(sys.argv) > 1 and "=" not in sys.argv[1] else ""
 
-
-def run_step(cfg: PipelineConfig) -> None:
+def run_step(name: str, cfg: PipelineConfig) -> None:
     steps = graph.by_name(cfg)
-    if STEP not in steps:
-        raise ConfigError(f"step {STEP!r} is not one of {', '.join(steps)} for stages={cfg.stages}")
+    if name not in steps:
+        raise ConfigError(f"step {name!r} is not one of {', '.join(steps)} for stages={cfg.stages}")
     for each in steps.values():  # as the launcher does: the built-in corpus and shard plan
         if each.placement is Placement.ARRAY:
             each.prepare(cfg)
-    step = steps[STEP]
+    step = steps[name]
     if "SLURM_JOB_ID" in os.environ:  # submitit's job environment reads Slurm's variables
         os.environ.setdefault("SUBMITIT_EXECUTOR", "slurm")
     if step.is_complete(cfg):
-        print(f"[pipeline] {STEP}: already complete", file=sys.stderr)
+        print(f"[pipeline] {name}: already complete", file=sys.stderr)
         return
     if step.placement is Placement.ARRAY:
         ArrayTask(step, cfg)(int(os.environ.get("SLURM_ARRAY_TASK_ID", "0")))
@@ -44,9 +43,14 @@ def run_step(cfg: PipelineConfig) -> None:
         step.run(cfg)
 
 
-@hydra.main(config_path=cli.CONF, config_name="config", version_base=None)
-def main(composed: DictConfig) -> None:
-    cli.run(composed, run_step)
+def main() -> None:
+    name = sys.argv.pop(1) if len(sys.argv) > 1 and "=" not in sys.argv[1] else ""
+
+    @hydra.main(config_path=cli.CONF, config_name="config", version_base=None)
+    def step(composed: DictConfig) -> None:
+        cli.run(composed, functools.partial(run_step, name))
+
+    step()
 
 
 if __name__ == "__main__":
