@@ -9,8 +9,9 @@ import sys
 from typing import Any
 
 from pipeline.config import PipelineConfig
-from pipeline.core.steps import Interrupted
+from pipeline.core.steps import Interrupted, Placement
 from pipeline.orchestration.graph import ArrayStep, Step
+from pipeline.training import signals
 
 
 def export_distributed_env() -> None:
@@ -41,6 +42,8 @@ class DistributedTask:
         self.step, self.cfg = step, cfg
 
     def __call__(self) -> Any:
+        if self.step.placement is Placement.TRAINING_RANKS:
+            signals.listen()  # before seconds of imports: the warning may come that early
         export_distributed_env()
         share_cpu_threads()
         result = self.step.run(self.cfg)

@@ -1,46 +1,63 @@
 """Signals asking training to save and stop: a warning before the time limit (requeue), or
-SIGTERM (scancel, preemption: stay stopped). Every rank acts on one at the same step."""
+SIGTERM (scancel, preemption: stay stopped). Every rank acts on one at the same step.
+
+A training job records them from its first moment (`listen`): Slurm may send the time-limit
+warning up to a minute earlier than asked (the resolution of its event handling), while the
+job is still importing torch, and a signal nobody records there kills the job. Imports no
+torch, so it can listen before torch is imported.
+"""
 
 from __future__ import annotations
 
 import signal
-
-import torch
+from typing import TYPE_CHECKING
 
 from pipeline.runtime import distributed
 
+if TYPE_CHECKING:
+    import torch
+
+WARNINGS = (signal.SIGUSR1, signal.SIGUSR2)  # the time-limit warning, as the job asked for it
+SIGNALS = (*WARNINGS, signal.SIGTERM)
+_received: set[int] = set()
+
+
+def _record(signum, frame) -> None:
+    _received.add(signum)
+
+
+def listen() -> None:
+    """From now on, record the stop signals in this process instead of dying of them. The
+    handler only sets a flag, so it replaces the launcher's own (which would exit mid-step)."""
+    for sig in SIGNALS:
+        signal.signal(sig, _record)
+
 
 class StopRequest:
-    """A warning signal before the time limit (SIGUSR1 or SIGUSR2, as the job asked Slurm for)
-    or SIGTERM (scancel, preemption) asks the run to save and exit; every rank acts on it at
-    the same step boundary, once any rank has it. The handler only sets a flag, so it replaces
-    the launcher's own handlers (which would exit mid-step)."""
-
-    WARNINGS = (signal.SIGUSR1, signal.SIGUSR2)
-    SIGNALS = (*WARNINGS, signal.SIGTERM)
+    """Whether to stop, and to come back, at a step boundary: every rank acts on a signal once
+    any rank has it. Listens from its creation on (and keeps what `listen` recorded before)."""
 
     def __init__(self) -> None:
-        self.received: set[int] = set()
-        for sig in self.SIGNALS:
-            signal.signal(sig, self._handle)
+        listen()
 
-    def _handle(self, signum, frame) -> None:
-        self.received.add(signum)
+    @property
+    def received(self) -> set[int]:
+        return _received
 
     def ignore_warnings(self) -> None:
         """The run is over: a time-limit warning from now on (the job ending near its limit)
         has nothing left to save. Ignored, it cannot kill the exiting process once Python has
         put the default handlers back, which Slurm would count as a failed job and so never
         start the evaluation chained after it."""
-        for sig in self.WARNINGS:
+        for sig in WARNINGS:
             signal.signal(sig, signal.SIG_IGN)
 
     def agreed(self, device: torch.device) -> bool:
-        return distributed.any_rank(bool(self.received), device)
+        return distributed.any_rank(bool(_received), device)
 
     def continues(self, device: torch.device) -> bool:
         """Whether the run should come back by itself: a time-limit warning, and no SIGTERM, on
         any rank. SIGTERM is someone's scancel, which must stick, or preemption, after which
         Slurm requeues the job itself."""
-        warned = distributed.any_rank(bool(self.received & set(self.WARNINGS)), device)
-        return warned and not distributed.any_rank(signal.SIGTERM in self.received, device)
+        warned = distributed.any_rank(bool(_received & set(WARNINGS)), device)
+        return warned and not distributed.any_rank(signal.SIGTERM in _received, device)

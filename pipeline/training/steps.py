@@ -11,6 +11,7 @@ from pipeline.config import PipelineConfig
 from pipeline.core import files
 from pipeline.core.paths import RunPaths
 from pipeline.core.steps import Interrupted, Placement
+from pipeline.training import signals
 
 if TYPE_CHECKING:
     from pipeline.training.trainer import TrainRecord
@@ -27,6 +28,7 @@ class TrainStep:
         paths = RunPaths.of(cfg.workdir)
         if self.is_complete(cfg):
             return files.read_json(paths.train_done)
+        signals.listen()  # a stop signal from now on is acted on at the first step boundary
         from pipeline.training.trainer import Trainer  # torch: imported by the job that trains
 
         trainer = Trainer(cfg)

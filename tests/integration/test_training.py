@@ -6,6 +6,8 @@ from __future__ import annotations
 import itertools
 import json
 import shutil
+import subprocess
+import sys
 
 import pytest
 
@@ -16,7 +18,7 @@ from pipeline.evaluation.steps import EVALUATE
 from pipeline.training import checkpoint
 from pipeline.training.steps import TRAIN
 from pipeline.training.trainer import Trainer
-from tests.conftest import changed
+from tests.conftest import ROOT, SMALL_SERIAL, changed
 
 
 def _losses(cfg) -> dict[int, float]:
@@ -86,3 +88,30 @@ def test_damaged_or_incomplete_checkpoints_are_skipped(run_copy):
     (root / "iter_0000030").mkdir()  # a save that died before COMPLETE.json
     with pytest.warns(UserWarning):
         assert checkpoint.latest(root) == older
+
+
+def test_a_warning_before_training_starts_is_saved_at_the_first_step(run_copy):
+    """Slurm may send the time-limit warning a minute early, while the job still imports: the
+    job records it from its start and saves at its first step, asking to be requeued."""
+    code = (
+        "import os, signal, sys\n"
+        "from pipeline import config\n"
+        "from pipeline.training import signals\n"
+        "from pipeline.training.steps import TRAIN\n"
+        "signals.listen()\n"
+        "os.kill(os.getpid(), signal.SIGUSR2)\n"
+        "cfg = config.compose(*sys.argv[1:])\n"
+        "print(repr(TRAIN.run(cfg)))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code, run_copy.workdir, *SMALL_SERIAL],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip().splitlines()[-1] == "Interrupted(at_step=1, requeue=True)"
+    assert "SIGUSR2: saved step 1, exiting for requeue" in done.stderr
+    paths = RunPaths.of(run_copy.workdir)
+    assert checkpoint.latest(paths.checkpoints) == paths.checkpoints / checkpoint.folder_name(1)

@@ -133,3 +133,14 @@ def test_the_command_lines_and_the_data_steps_start_without_torch_or_megatron():
         "assert not loaded, loaded"
     )
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
+
+
+def test_the_unit_tests_and_what_they_import_need_no_torch():
+    code = (
+        "import sys, pytest\n"
+        "assert pytest.main(['tests/unit', '--collect-only', '-q', '-p', 'no:cacheprovider']) == 0\n"
+        "loaded = [m for m in ('torch', 'megatron') if m in sys.modules]\n"
+        "assert not loaded, loaded"
+    )
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
