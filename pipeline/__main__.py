@@ -3,6 +3,7 @@ plan, then run or submit every step that is not complete (pipeline.orchestration
 
 from __future__ import annotations
 
+import functools
 import sys
 
 import hydra
@@ -15,7 +16,9 @@ from pipeline.orchestration.slurm_queue import slurm_answers
 
 @hydra.main(config_path=cli.CONF, config_name="config", version_base=None)
 def main(composed: DictConfig) -> None:
-    cli.run(composed, launch.launch, sweep.point_config if sweep.is_multirun() else None)
+    given = cli.given()
+    adjust = sweep.point_config if sweep.is_multirun() else None
+    cli.run(composed, functools.partial(launch.launch, given=given), adjust, replay=given)
 
 
 def choose_cluster(argv: list[str]) -> None:

@@ -20,6 +20,8 @@ from pipeline.config import PipelineConfig
 from pipeline.config.compose import CONF
 from pipeline.core import files
 from pipeline.core.errors import ConfigError, RunLocked, StageError
+from pipeline.core.paths import RunPaths
+from pipeline.orchestration import history, sweep
 
 __all__ = ["CONF", "run", "fail"]
 
@@ -33,15 +35,39 @@ def fail(message: str, code: int) -> None:
     sys.exit(code)
 
 
+def given() -> list[str]:
+    """The overrides of this command line (of this point, in a sweep)."""
+    return sweep.overrides()
+
+
+def replayed(composed: DictConfig, overrides: list[str], last_stages: bool) -> DictConfig:
+    """The config of a run folder that has a history: the overrides its outputs were made
+    with, then this command line's (pipeline.orchestration.history); with `last_stages`, the
+    stages of the run's last launch unless given."""
+    multirun = sweep.is_multirun()
+    paths = RunPaths.of(sweep.point_folder() if multirun else composed.workdir)
+    prepared = composed.data.prepared or (composed.workdir if multirun else None)
+    replay = history.to_compose(paths, prepared, overrides)
+    stages = history.last_stages(paths) if last_stages else None
+    if stages and not any(history.key_of(o) == "stages" for o in overrides):
+        replay = [*(replay or overrides), f"stages=[{','.join(stages)}]"]
+    return composed if replay is None else config.recompose(replay)
+
+
 def run(
     composed: DictConfig,
     command: Callable[[PipelineConfig], int | None],
     adjust: Callable[[PipelineConfig], PipelineConfig] | None = None,
+    replay: list[str] | None = None,
+    last_stages: bool = False,
 ) -> None:
-    """Type, adjust, validate and resolve the composed config, then run `command` on it; exit
-    with its code, or with one line for a user's mistake."""
+    """Type, adjust, validate and resolve the composed config (composed again on top of the
+    run's history with `replay`, this command line's overrides; see `replayed`), then run
+    `command` on it; exit with its code, or with one line for a user's mistake."""
     logging.getLogger("megatron").setLevel(logging.WARNING)  # its per-file INFO lines drown ours
     try:
+        if replay is not None:
+            composed = replayed(composed, replay, last_stages)
         code = command(config.load(composed, adjust))
     except ConfigError as e:
         fail(str(e), EXIT_CONFIG)

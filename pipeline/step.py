@@ -18,7 +18,7 @@ from pipeline import cli
 from pipeline.config import PipelineConfig
 from pipeline.core.errors import ConfigError
 from pipeline.core.steps import Placement
-from pipeline.orchestration import graph
+from pipeline.orchestration import graph, reruns
 from pipeline.orchestration.tasks import ArrayTask, DistributedTask
 
 
@@ -26,6 +26,7 @@ def run_step(name: str, cfg: PipelineConfig) -> None:
     steps = graph.by_name(cfg)
     if name not in steps:
         raise ConfigError(f"step {name!r} is not one of {', '.join(steps)} for stages={cfg.stages}")
+    reruns.refuse_changes(cfg, reruns.judge(cfg))  # never reuse an output made otherwise
     for each in steps.values():  # as the launcher does: the built-in corpus and shard plan
         if each.placement is Placement.ARRAY:
             each.prepare(cfg)
@@ -48,7 +49,7 @@ def main() -> None:
 
     @hydra.main(config_path=cli.CONF, config_name="config", version_base=None)
     def step(composed: DictConfig) -> None:
-        cli.run(composed, functools.partial(run_step, name))
+        cli.run(composed, functools.partial(run_step, name), replay=cli.given())
 
     step()
 

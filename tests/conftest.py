@@ -47,7 +47,7 @@ SMALL = [
     "train.log_interval=5",
     "train.eval_interval=10",
     "train.save_interval=10",
-    "train.eval_iters=4",
+    "train.eval_samples=16",
 ]
 # SMALL with one torch thread, for tests that start several pipelines: at this size a second
 # thread buys nothing, and on a shared 2-core machine it spins against the other work.
@@ -97,6 +97,14 @@ def copy_tokenized(tokenized: PipelineConfig, workdir: Path) -> Path:
 def run_copy(tokenized, tmp_path) -> PipelineConfig:
     """The tokenized run's data, copied into a fresh workdir for a test that trains."""
     return make_config(copy_tokenized(tokenized, tmp_path), *SMALL)
+
+
+def trainer_of(cfg: PipelineConfig):
+    """The training loop of the train step, as the step builds it."""
+    from pipeline.training.steps import TRAIN
+    from pipeline.training.trainer import Trainer
+
+    return Trainer(cfg, TRAIN.made_from(cfg))
 
 
 def cli(*args: str, timeout: float = 600, **kwargs) -> subprocess.CompletedProcess:

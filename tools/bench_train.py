@@ -47,7 +47,7 @@ def stage_overrides(model: str, micro: int, global_batch: int, steps: int) -> li
         "train.log_interval=1",
         f"train.eval_interval={steps}",
         "train.save_interval=0",  # no checkpoint writes in a throughput run
-        "train.eval_iters=1",
+        "train.eval_samples=1",
         "data.num_shards=1",
         "data.split='96,2,2'",
         "stages=[tokenize,train]",

@@ -1,7 +1,7 @@
 """The run's configuration: the schema (one dataclass per section of conf/), its checks, the
 values derived from it, and the way from Hydra's composition to the typed config."""
 
-from pipeline.config.compose import compose, load, read, register, to_yaml, typed
+from pipeline.config.compose import compose, load, read, recompose, register, to_yaml, typed
 from pipeline.config.schema import (
     STAGES,
     ClusterConfig,
@@ -29,6 +29,7 @@ __all__ = [
     "compose",
     "load",
     "read",
+    "recompose",
     "register",
     "to_yaml",
     "typed",

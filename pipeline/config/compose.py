@@ -8,6 +8,7 @@ and tests that need a config without the command line; `read` loads a run's save
 
 from __future__ import annotations
 
+import hashlib
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -22,10 +23,26 @@ CONF = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(__file__))),
 
 
 def register() -> None:
-    """The schema as Hydra's `base_config`, which conf/config.yaml starts from."""
+    """The schema as Hydra's `base_config`, which conf/config.yaml starts from, and the
+    resolver that names a sweep point's folder."""
     from hydra.core.config_store import ConfigStore
 
     ConfigStore.instance().store(name="base_config", node=PipelineConfig)
+    OmegaConf.register_new_resolver("sweep_point", sweep_point_folder, replace=True)
+
+
+def sweep_point_folder(overrides: str) -> str:
+    """A sweep point's folder name, from its overrides (Hydra's override_dirname): a point
+    swept again with the same overrides finds its folder, one with others gets its own."""
+    return "p" + hashlib.sha256(overrides.encode()).hexdigest()[:10]
+
+
+def recompose(overrides: list[str]) -> DictConfig:
+    """Compose again inside the running Hydra application (its config path, --config-dir
+    included), with these overrides."""
+    from hydra import compose as hydra_compose
+
+    return hydra_compose(config_name="config", overrides=overrides)
 
 
 def typed(composed: DictConfig) -> PipelineConfig:

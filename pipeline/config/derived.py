@@ -42,6 +42,15 @@ def data_parallel_size(cfg: PipelineConfig) -> int:
     return world_size(cfg.cluster) // (cfg.parallel.tensor * cfg.parallel.pipeline)
 
 
+def validation_samples(cfg: PipelineConfig) -> int:
+    """Sequences each validation reads: train.eval_samples, or for a config of an earlier
+    version train.eval_iters micro-batches on each data-parallel rank."""
+    t = cfg.train
+    if t.eval_iters is not None:
+        return t.eval_iters * t.micro_batch_size * data_parallel_size(cfg)
+    return t.eval_samples
+
+
 def trains_on_gpu(cfg: PipelineConfig) -> bool:
     """Whether the training job is meant for GPUs, as the config says (the launcher may run on
     a login node without any)."""

@@ -114,7 +114,12 @@ class TrainConfig:
     # [first, last]: profile these steps (1-based) with torch.profiler into train/profile.txt
     profile_steps: list[int] = field(default_factory=list)
     eval_interval: int = 100
-    eval_iters: int = 10  # validation micro-batches per data-parallel rank, the same each time
+    # Sequences each validation reads: the same ones each time, whatever the micro-batch size
+    # or number of ranks, so runs and sweep points compare
+    eval_samples: int = 64
+    # Before eval_samples: micro-batches per data-parallel rank. Read from run folders and jobs
+    # of earlier versions; refused on a command line (it differs with the micro-batch size).
+    eval_iters: int | None = None
     save_interval: int = 200  # 0: no checkpoints (benchmarks)
     keep_last: int = 2  # checkpoints kept besides the best one
     threads: int | None = None  # CPU threads per rank; None: torch's default
@@ -169,6 +174,9 @@ class PipelineConfig:
     workdir: str = MISSING
     stages: list[str] = field(default_factory=lambda: list(STAGES))
     dry_run: bool = False
+    # redo this step and every step after it, though its outputs exist (made with other
+    # settings, say); what they held is moved to replaced/ in the run folder
+    force: str | None = None
     data: DataConfig = field(default_factory=DataConfig)
     tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
     model: ModelConfig = field(default_factory=ModelConfig)

@@ -67,8 +67,14 @@ def _validate_train(cfg: PipelineConfig) -> None:
     _require(t.steps > 0, "train.steps", "must be positive")
     _require(0 <= t.warmup_steps < t.steps, "train.warmup_steps", "must be in [0, train.steps)")
     _require(0 <= t.min_lr <= t.lr, "train.min_lr", "must be in [0, train.lr]")
-    for key in ("log_interval", "eval_interval", "eval_iters"):
+    for key in ("log_interval", "eval_interval"):
         _require(getattr(t, key) > 0, f"train.{key}", "must be positive")
+    if t.eval_iters is not None:
+        samples = t.eval_iters * t.micro_batch_size * derived.data_parallel_size(cfg)
+        raise ConfigError(
+            "train.eval_iters: counts micro-batches, so runs with other micro-batch sizes would "
+            f"validate on other sequences; give train.eval_samples={samples} (sequences) instead"
+        )
     _require(t.save_interval >= 0, "train.save_interval", "must be >= 0 (0: no checkpoints)")
     _require(t.keep_last >= 1, "train.keep_last", "must be at least 1")
     ps = list(t.profile_steps)
@@ -221,6 +227,7 @@ _AT_LEAST_ONE = (
     "model.make_vocab_size_divisible_by",
     "parallel.virtual_pipeline",
     "train.grad_accum",
+    "train.eval_samples",
     "train.threads",
     "eval.max_batches",
     "eval.micro_batch_size",

@@ -30,6 +30,21 @@ class RunPaths:
         return self.root / "pipeline.lock"
 
     @property
+    def runs(self) -> Path:
+        """One record per launch: the overrides the run's outputs are made with, and what each
+        step did (pipeline.orchestration.history)."""
+        return self.root / "runs.jsonl"
+
+    @property
+    def replaced(self) -> Path:
+        """Outputs moved aside by force=STEP, one folder a launch."""
+        return self.root / "replaced"
+
+    def failure(self, step: str) -> Path:
+        """Why the step failed when it last ran here (local executors; Slurm keeps its own)."""
+        return self.logs / f"{step}.failed.json"
+
+    @property
     def jobs(self) -> Path:
         """Slurm job ids of every submission, newest last."""
         return self.root / "jobs.json"
@@ -107,6 +122,10 @@ class RunPaths:
     @property
     def checkpoint_tracker(self) -> Path:
         return self.checkpoints / CHECKPOINT_TRACKER
+
+    @property
+    def best_checkpoint_record(self) -> Path:
+        return self.checkpoints / BEST_CHECKPOINT
 
     @property
     def train_dir(self) -> Path:

@@ -30,3 +30,11 @@ class Interrupted:
 
     at_step: int
     requeue: bool
+
+
+class Change(enum.Enum):
+    """What a rerun does with an output made from other settings than those asked for now."""
+
+    CONTINUE = "continue"  # carry on from it (more training steps, say)
+    REDO = "redo"  # make it again, nothing lost (a cache, an evaluation)
+    REFUSE = "refuse"  # it would be lost or mislabelled: refuse, unless force=STEP

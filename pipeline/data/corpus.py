@@ -52,10 +52,11 @@ def documents() -> Iterator[str]:
 
 
 def build(path: Path, max_bytes: int) -> dict:
-    """Write the corpus to `path` (atomically) unless it is already there; return its counts."""
+    """Write the corpus to `path` (atomically) unless it is there, built for `max_bytes`;
+    return its counts."""
     meta_path = path.with_suffix(".json")
     meta = files.read_json_or_none(meta_path)
-    if meta is not None and path.exists():
+    if meta is not None and path.exists() and meta.get("max_bytes", max_bytes) == max_bytes:
         return meta
     count = size = 0
     with files.atomic_path(path) as tmp, open(tmp, "w", encoding="utf-8") as out:
@@ -66,6 +67,6 @@ def build(path: Path, max_bytes: int) -> dict:
             size += len(text.encode())
             if size >= max_bytes:
                 break
-    meta = {"documents": count, "text_bytes": size, "path": str(path)}
+    meta = {"documents": count, "text_bytes": size, "max_bytes": max_bytes, "path": str(path)}
     files.write_json(meta_path, meta)
     return meta

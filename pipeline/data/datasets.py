@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from pipeline.config import PipelineConfig
-from pipeline.config.derived import data_parallel_size
+from pipeline.config.derived import validation_samples
 from pipeline.core import files
 from pipeline.core.paths import RunPaths
 from pipeline.data.splits import check_splits
@@ -44,8 +44,7 @@ class Sizes:
     @classmethod
     def of(cls, cfg: PipelineConfig) -> Sizes:
         t = cfg.train
-        dp = data_parallel_size(cfg)
-        return cls(t.steps * t.global_batch_size, t.eval_iters * t.micro_batch_size * dp)
+        return cls(t.steps * t.global_batch_size, validation_samples(cfg))
 
 
 def load_manifest(paths: RunPaths) -> dict:
@@ -74,7 +73,7 @@ def _config(cfg: PipelineConfig, manifest: dict):
         random_seed=cfg.train.seed,
         sequence_length=cfg.model.seq_length,
         blend=(prefixes, weights),
-        split=cfg.data.split,
+        split=manifest["split"],  # as the data was split, which the manifest records
         path_to_cache=str(paths.index_cache),
         tokenizer=VocabInfo(manifest["vocab_size"], manifest["eod_id"]),
         reset_position_ids=False,
@@ -104,6 +103,26 @@ def train_valid_datasets(cfg: PipelineConfig, manifest: dict | None = None):
     manifest = manifest or load_manifest(RunPaths.of(cfg.workdir))
     train, valid, _ = _build(cfg, manifest, [sizes.train, sizes.validation, 0])
     return train, valid
+
+
+class FirstSamples:
+    """The first `count` samples of a dataset, padded with fully masked samples to a multiple
+    of `multiple` (micro-batch x data-parallel size): every rank runs whole micro-batches, and
+    the loss counts exactly those `count` samples, whatever the micro-batch size."""
+
+    def __init__(self, dataset, count: int, multiple: int) -> None:
+        self.dataset, self.count = dataset, count
+        self.length = -(-count // multiple) * multiple
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __getitem__(self, index: int) -> dict:
+        if index < self.count:
+            return self.dataset[index]
+        sample = dict(self.dataset[0])
+        sample["loss_mask"] = sample["loss_mask"] * 0
+        return sample
 
 
 class MicroBatchSampler:

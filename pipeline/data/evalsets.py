@@ -97,7 +97,7 @@ def test_split(cfg: PipelineConfig, manifest: dict, multiple: int) -> EvalSet:
     for shard in manifest["shards"]:
         ds = _indexed(root / shard["prefix"])
         doc_index = ds.document_indices
-        begin, end = split_bounds(len(doc_index) - 1, cfg.data.split)[2]
+        begin, end = split_bounds(len(doc_index) - 1, manifest["split"])[2]
         parts.append((ds, int(doc_index[begin]), int(doc_index[end])))
         documents += end - begin
     windows = Windows(parts, cfg.model.seq_length, manifest["eod_id"], multiple)

@@ -4,7 +4,7 @@ instead of building it while the GPUs wait.
 
 The cache depends on the training config (sequence length, seed, samples per split), so it
 belongs to the run, not to the tokenized data: sweep points sharing one data folder each get
-their own. The marker records what it was built for; a changed config rebuilds it.
+their own. The marker records what it was made from; a changed config rebuilds it.
 megatron-core writes the cache files in place and trusts any it finds, so a build that was
 killed would leave truncated files it later loads: without a marker the folder is cleared
 before building.
@@ -17,43 +17,33 @@ import time
 from typing import TypedDict
 
 from pipeline.config import PipelineConfig
-from pipeline.core import files
+from pipeline.core import files, provenance
 from pipeline.core.paths import RunPaths
 from pipeline.data import datasets
 
 
-def built_for(cfg: PipelineConfig, manifest: dict) -> dict:
-    """What the cache depends on: the shards, the split, the sequence length, the seed and the
-    number of samples each split needs."""
+def settings(cfg: PipelineConfig) -> dict:
+    """What the cache depends on besides the data (whose shards and split the verify step's
+    fingerprint stands for): the sequence length, the seed and the samples each split needs."""
     sizes = datasets.Sizes.of(cfg)
     return {
-        "shards": [s["prefix"] for s in manifest["shards"]],
-        "split": cfg.data.split,
-        "seq_length": cfg.model.seq_length,
-        "seed": cfg.train.seed,
-        "train_samples": sizes.train,
-        "validation_samples": sizes.validation,
+        "model.seq_length": cfg.model.seq_length,
+        "train.seed": cfg.train.seed,
+        "train samples": sizes.train,
+        "validation samples": sizes.validation,
     }
-
-
-def is_built(cfg: PipelineConfig) -> bool:
-    """A marker that says the cache was built for this config."""
-    paths = RunPaths.of(cfg.workdir)
-    marker = files.read_json_or_none(paths.index_done)
-    if marker is None or not paths.manifest.exists():
-        return False
-    return marker["built_for"] == built_for(cfg, datasets.load_manifest(paths))
 
 
 class IndexRecord(TypedDict):
     """index-cache/DONE.json."""
 
-    built_for: dict
+    made_from: dict  # (pipeline.core.provenance)
+    fingerprint: str
     samples: dict[str, int]
     seconds: float
 
 
-def build(cfg: PipelineConfig) -> IndexRecord:
+def build(cfg: PipelineConfig, made_from: dict) -> IndexRecord:
     """Build the cache from scratch (a folder without a marker is not trusted)."""
     paths = RunPaths.of(cfg.workdir)
     started = time.time()
@@ -61,7 +51,8 @@ def build(cfg: PipelineConfig) -> IndexRecord:
     manifest = datasets.load_manifest(paths)
     train, valid = datasets.train_valid_datasets(cfg, manifest)
     marker: IndexRecord = {
-        "built_for": built_for(cfg, manifest),
+        "made_from": made_from,
+        "fingerprint": provenance.fingerprint(made_from),
         "samples": {"train": len(train), "validation": len(valid)},
         "seconds": round(time.time() - started, 2),
     }

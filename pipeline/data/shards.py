@@ -32,6 +32,26 @@ def input_spans(paths: RunPaths, data: DataConfig) -> list[Span]:
     return [Span(p) for p in input_paths(paths, data)]
 
 
+def portable(path: str, root: Path) -> str:
+    """A path inside the run folder relative to it (the folder can move), others as they are."""
+    return os.path.relpath(path, root) if Path(path).is_relative_to(root) else path
+
+
+def corpus_settings(paths: RunPaths, data: DataConfig) -> dict:
+    """What defines the documents read: the input files and their sizes (the built-in corpus:
+    its size setting, as it is written only before the first submission), the text key, the
+    largest document."""
+    if data.inputs:
+        inputs = {portable(p, paths.root): os.path.getsize(p) for p in input_paths(paths, data)}
+    else:
+        inputs = {portable(str(paths.builtin_corpus), paths.root): data.builtin_corpus_bytes}
+    return {
+        "data.inputs": inputs,
+        "data.text_key": data.text_key,
+        "data.max_document_bytes": data.max_document_bytes,
+    }
+
+
 def make_plan(paths_and_sizes: list[tuple[str, int]], num_shards: int) -> list[list[Span]]:
     """Cut the concatenated inputs into at most num_shards contiguous, non-empty shards."""
     total = sum(size for _, size in paths_and_sizes)
@@ -60,22 +80,20 @@ def plan(paths: RunPaths, data: DataConfig) -> list[list[Span]]:
     """The run's shard plan, made on first use and read back afterwards. Paths inside the run
     folder are kept relative to it, so a run folder can be moved or copied."""
     root = paths.root
-
-    def portable(path: str) -> str:
-        return os.path.relpath(path, root) if Path(path).is_relative_to(root) else path
-
     saved = files.read_json_or_none(paths.shard_plan)
     inputs = input_paths(paths, data)
     if saved is None:
         sizes = [(p, os.path.getsize(p)) for p in inputs]
         shards = make_plan(sizes, data.num_shards)
         saved = {
-            "inputs": {portable(p): size for p, size in sizes},
+            "inputs": {portable(p, root): size for p, size in sizes},
             "num_shards": data.num_shards,
-            "shards": [[[portable(s.path), s.start, s.end] for s in spans] for spans in shards],
+            "shards": [
+                [[portable(s.path, root), s.start, s.end] for s in spans] for spans in shards
+            ],
         }
         files.write_json(paths.shard_plan, saved)
-    elif sorted(saved["inputs"]) != sorted(map(portable, inputs)) or (
+    elif sorted(saved["inputs"]) != sorted(portable(p, root) for p in inputs) or (
         saved["num_shards"] != data.num_shards
     ):
         raise RuntimeError(

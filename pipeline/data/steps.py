@@ -5,53 +5,104 @@
     verify     every shard checked, the manifest        data/manifest.json
     index      megatron-core's dataset index cache      index-cache/DONE.json (train stage)
 
-Each checks its own completion marker (right of each name) and returns what it records.
+Each checks its own completion marker (right of each name), which records what the output was
+made from (pipeline.core.provenance); a complete output made from other settings is not
+reused: the data is refused (it defines everything after it), the index cache rebuilt.
 None of them imports torch: a tokenize-only run pays no seconds of start-up for it.
 """
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from pipeline.config import PipelineConfig
-from pipeline.core import files
+from pipeline.core import files, provenance
 from pipeline.core.paths import RunPaths
-from pipeline.core.steps import Placement
+from pipeline.core.provenance import MadeFrom
+from pipeline.core.steps import Change, Placement
 from pipeline.data import index_cache, shards, tokenize, tokenizer, verify
+
+
+def data_paths(cfg: PipelineConfig) -> RunPaths:
+    """Where the run's tokenized data is: its own folder, or the run data.prepared names."""
+    return RunPaths.of(cfg.data.prepared or cfg.workdir)
+
+
+def _recorded(marker: dict | None) -> MadeFrom | None:
+    """What a marker says its output was made from; {} for one written before markers
+    recorded it (pipeline.orchestration.reruns reads the run's config.yaml for those)."""
+    return None if marker is None else marker.get("made_from", {})
 
 
 class TokenizerStep:
     name = "tokenizer"
     placement = Placement.CPU
 
+    def made_from(self, cfg: PipelineConfig) -> MadeFrom:
+        return provenance.made_from(tokenizer.settings(data_paths(cfg), cfg))
+
+    def recorded(self, cfg: PipelineConfig) -> MadeFrom | None:
+        return _recorded(files.read_json_or_none(data_paths(cfg).tokenizer_meta))
+
+    def change(self, recorded: MadeFrom, now: MadeFrom) -> Change:
+        return Change.REFUSE  # the tokenizer defines every token of the data
+
     def is_complete(self, cfg: PipelineConfig) -> bool:
-        paths = RunPaths.of(cfg.workdir)
-        return paths.tokenizer_meta.exists() and paths.tokenizer_model.exists()
+        paths = data_paths(cfg)
+        made = self.recorded(cfg)
+        return paths.tokenizer_model.exists() and made == self.made_from(cfg)
+
+    def outputs(self, cfg: PipelineConfig) -> list[Path]:
+        return [RunPaths.of(cfg.workdir).tokenizer_dir]
 
     def run(self, cfg: PipelineConfig) -> tokenizer.TokenizerRecord:
         if self.is_complete(cfg):
-            return files.read_json(RunPaths.of(cfg.workdir).tokenizer_meta)
-        return tokenizer.provide(cfg)
+            return files.read_json(data_paths(cfg).tokenizer_meta)
+        return tokenizer.provide(cfg, self.made_from(cfg))
 
 
 class TokenizeStep:
     name = "tokenize"
     placement = Placement.ARRAY
 
+    def made_from(self, cfg: PipelineConfig) -> MadeFrom:
+        paths = data_paths(cfg)
+        settings = {
+            **shards.corpus_settings(paths, cfg.data),
+            "data.num_shards": cfg.data.num_shards,
+        }
+        made = TOKENIZER.made_from(cfg)
+        return provenance.made_from(settings, tokenizer=provenance.fingerprint(made))
+
+    def recorded(self, cfg: PipelineConfig) -> MadeFrom | None:
+        paths = data_paths(cfg)
+        planned = shards.planned_count(paths) or 0
+        markers = (files.read_json_or_none(paths.shard_marker(i)) for i in range(planned))
+        return next((_recorded(m) for m in markers if m is not None), None)
+
+    def change(self, recorded: MadeFrom, now: MadeFrom) -> Change:
+        return Change.REFUSE
+
+    def outputs(self, cfg: PipelineConfig) -> list[Path]:
+        return [RunPaths.of(cfg.workdir).data_dir]  # the plan and the shards
+
     def prepare(self, cfg: PipelineConfig) -> None:
         tokenize.prepare(cfg)
 
     def tasks(self, cfg: PipelineConfig) -> int:
-        planned = shards.planned_count(RunPaths.of(cfg.workdir))
+        planned = shards.planned_count(data_paths(cfg))
         return cfg.data.num_shards if planned is None else planned  # at most that many
 
     def is_complete(self, cfg: PipelineConfig) -> bool:
-        paths = RunPaths.of(cfg.workdir)
+        paths = data_paths(cfg)
         planned = shards.planned_count(paths)
+        made = provenance.fingerprint(self.made_from(cfg))
         return planned is not None and all(
-            tokenize.is_shard_complete(paths, i) for i in range(planned)
+            tokenize.is_shard_complete(paths, i, made) for i in range(planned)
         )
 
     def run_task(self, cfg: PipelineConfig, index: int) -> tokenize.ShardRecord:
-        return tokenize.run_task(cfg, index)
+        return tokenize.run_task(cfg, index, self.made_from(cfg))
 
     def run(self, cfg: PipelineConfig) -> list[tokenize.ShardRecord]:
         self.prepare(cfg)
@@ -62,27 +113,56 @@ class VerifyStep:
     name = "verify"
     placement = Placement.CPU
 
+    def made_from(self, cfg: PipelineConfig) -> MadeFrom:
+        d = cfg.data
+        settings = {"data.split": d.split, "data.merge_into": d.merge_into}
+        return provenance.made_from(
+            settings, tokenize=provenance.fingerprint(TOKENIZE.made_from(cfg))
+        )
+
+    def recorded(self, cfg: PipelineConfig) -> MadeFrom | None:
+        return _recorded(files.read_json_or_none(data_paths(cfg).manifest))
+
+    def change(self, recorded: MadeFrom, now: MadeFrom) -> Change:
+        return Change.REFUSE  # the split decides which documents are held out
+
     def is_complete(self, cfg: PipelineConfig) -> bool:
-        return RunPaths.of(cfg.workdir).manifest.exists()
+        return self.recorded(cfg) == self.made_from(cfg)
+
+    def outputs(self, cfg: PipelineConfig) -> list[Path]:
+        paths = RunPaths.of(cfg.workdir)
+        return [paths.manifest, *sorted(paths.data_dir.glob("merged-*"))]
 
     def run(self, cfg: PipelineConfig) -> verify.Manifest:
         if self.is_complete(cfg):
-            return files.read_json(RunPaths.of(cfg.workdir).manifest)
-        return verify.verify(cfg)
+            return files.read_json(data_paths(cfg).manifest)
+        return verify.verify(cfg, self.made_from(cfg))
 
 
 class IndexStep:
     name = "index"
     placement = Placement.CPU
 
+    def made_from(self, cfg: PipelineConfig) -> MadeFrom:
+        verified = provenance.fingerprint(VERIFY.made_from(cfg))
+        return provenance.made_from(index_cache.settings(cfg), verify=verified)
+
+    def recorded(self, cfg: PipelineConfig) -> MadeFrom | None:
+        return _recorded(files.read_json_or_none(RunPaths.of(cfg.workdir).index_done))
+
+    def change(self, recorded: MadeFrom, now: MadeFrom) -> Change:
+        return Change.REDO  # a cache: rebuilt for another sequence length, seed or size
+
     def is_complete(self, cfg: PipelineConfig) -> bool:
-        """Built for this config: another sequence length, seed or sample count rebuilds it."""
-        return index_cache.is_built(cfg)
+        return self.recorded(cfg) == self.made_from(cfg)
+
+    def outputs(self, cfg: PipelineConfig) -> list[Path]:
+        return [RunPaths.of(cfg.workdir).index_cache]
 
     def run(self, cfg: PipelineConfig) -> index_cache.IndexRecord:
         if self.is_complete(cfg):
             return files.read_json(RunPaths.of(cfg.workdir).index_done)
-        return index_cache.build(cfg)
+        return index_cache.build(cfg, self.made_from(cfg))
 
 
 TOKENIZER = TokenizerStep()

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import TypedDict
 
 from pipeline.config import DataConfig, PipelineConfig
-from pipeline.core import files
+from pipeline.core import files, provenance
 from pipeline.core.errors import OutOfSpace
 from pipeline.core.paths import RunPaths
 from pipeline.data import corpus, shards
@@ -34,10 +34,11 @@ from pipeline.data.tokenizer import load
 BATCH_BYTES = 1 << 20  # text per encode call: large enough to keep sentencepiece's threads busy
 
 
-def is_shard_complete(paths: RunPaths, index: int) -> bool:
-    """A marker exists and the files it describes are there with the sizes it recorded."""
+def is_shard_complete(paths: RunPaths, index: int, fingerprint: str) -> bool:
+    """A marker says the shard was made from what `fingerprint` stands for, and the files it
+    describes are there with the sizes it recorded."""
     marker = files.read_json_or_none(paths.shard_marker(index))
-    if marker is None:
+    if marker is None or marker.get("fingerprint") != fingerprint:
         return False
     prefix = paths.shard_prefix(index)
     return all(
@@ -186,6 +187,8 @@ def tokenize_spans(
 class ShardRecord(TypedDict):
     """data/shard-NNNNN.done.json: what a shard holds and how it was made."""
 
+    made_from: dict  # the settings and tokenizer it depends on (pipeline.core.provenance)
+    fingerprint: str
     shard: int
     spans: list  # [path, start byte, end byte or None]
     documents: int
@@ -203,7 +206,9 @@ class ShardRecord(TypedDict):
     max_rss_mb: float
 
 
-def tokenize_shard(cfg: PipelineConfig, index: int, spans: list[Span]) -> ShardRecord:
+def tokenize_shard(
+    cfg: PipelineConfig, index: int, spans: list[Span], made_from: dict
+) -> ShardRecord:
     paths = RunPaths.of(cfg.workdir)
     prefix = paths.shard_prefix(index)
     sp = load(paths.tokenizer_model)
@@ -214,6 +219,8 @@ def tokenize_shard(cfg: PipelineConfig, index: int, spans: list[Span]) -> ShardR
         cfg.data, threads, spans, sp, prefix, rejects_file, f"shard {index}"
     )
     marker: ShardRecord = {
+        "made_from": made_from,
+        "fingerprint": provenance.fingerprint(made_from),
         "shard": index,
         "spans": [[s.path, s.start, s.end] for s in spans],
         "documents": stats["documents"],
@@ -250,16 +257,17 @@ def prepare(cfg: PipelineConfig) -> None:
     shards.plan(paths, cfg.data)
 
 
-def run_task(cfg: PipelineConfig, index: int) -> ShardRecord:
-    """Tokenize shard `index` unless it is already complete. Out of space, it removes its
-    partial files and says so in one line; complete shards are untouched."""
+def run_task(cfg: PipelineConfig, index: int, made_from: dict) -> ShardRecord:
+    """Tokenize shard `index` unless it is complete, made from `made_from`. Out of space, it
+    removes its partial files and says so in one line; complete shards are untouched."""
     paths = RunPaths.of(cfg.workdir)
-    if is_shard_complete(paths, index):
+    if is_shard_complete(paths, index, provenance.fingerprint(made_from)):
         return files.read_json(paths.shard_marker(index))
     prefix = paths.shard_prefix(index)
     try:
         with files.reporting_space(f"shard {index} ({prefix})"):
-            return tokenize_shard(cfg, index, shards.plan(paths, cfg.data)[index])
+            spans = shards.plan(paths, cfg.data)[index]
+            return tokenize_shard(cfg, index, spans, made_from)
     except OutOfSpace:
         for suffix in (".bin", ".idx"):
             Path(f"{prefix}.partial{suffix}").unlink(missing_ok=True)

@@ -16,10 +16,10 @@ from pathlib import Path
 from typing import TypedDict
 
 from pipeline.config import PipelineConfig, TokenizerConfig
-from pipeline.core import files
+from pipeline.core import files, provenance
 from pipeline.core.paths import RunPaths
 from pipeline.data.records import Document, read
-from pipeline.data.shards import input_spans
+from pipeline.data.shards import corpus_settings, input_spans
 
 
 def load(path: str | Path):
@@ -124,6 +124,8 @@ def write_vocab(model: Path):
 class TokenizerRecord(TypedDict, total=False):
     """tokenizer/tokenizer.json: which model the run uses and how it was made."""
 
+    made_from: dict  # the settings it depends on (pipeline.core.provenance)
+    fingerprint: str
     model: str
     vocab_size: int
     eod_id: int
@@ -136,7 +138,19 @@ class TokenizerRecord(TypedDict, total=False):
     seconds: float
 
 
-def provide(cfg: PipelineConfig) -> TokenizerRecord:
+def settings(paths: RunPaths, cfg: PipelineConfig) -> dict:
+    """What the run's tokenizer depends on: the given model's bytes, or the trainer's settings
+    and the documents it samples."""
+    tk = cfg.tokenizer
+    if tk.model:
+        return {"tokenizer.model": files.sha256(tk.model)}
+    return {
+        **provenance.section(tk, "tokenizer", exclude=("model", "threads")),
+        **corpus_settings(paths, cfg.data),
+    }
+
+
+def provide(cfg: PipelineConfig, made_from: dict) -> TokenizerRecord:
     """The run's tokenizer in tokenizer/: trained on a seeded sample of the corpus, or the
     given tokenizer.model copied in; tokenizer.json (written last) records which."""
     paths = RunPaths.of(cfg.workdir)
@@ -164,6 +178,8 @@ def provide(cfg: PipelineConfig) -> TokenizerRecord:
         }
     sp = write_vocab(target)
     meta.update(
+        made_from=made_from,
+        fingerprint=provenance.fingerprint(made_from),
         model=str(target),
         vocab_size=sp.vocab_size(),
         eod_id=sp.eos_id(),

@@ -17,7 +17,7 @@ from typing import TypedDict
 import numpy as np
 
 from pipeline.config import PipelineConfig
-from pipeline.core import files
+from pipeline.core import files, provenance
 from pipeline.core.paths import RunPaths
 from pipeline.data import shards
 from pipeline.data.indexed import CorruptIndex, read_index
@@ -53,6 +53,8 @@ def check_shard(prefix: str, marker: dict, vocab_size: int) -> None:
 class Manifest(TypedDict):
     """data/manifest.json: the tokenized data a training run reads, and its totals."""
 
+    made_from: dict  # the split and the shards it checked (pipeline.core.provenance)
+    fingerprint: str
     tokenizer: str
     tokenizer_sha256: str
     tokenizer_options: dict | None
@@ -65,7 +67,7 @@ class Manifest(TypedDict):
     total: dict
 
 
-def verify(cfg: PipelineConfig) -> Manifest:
+def verify(cfg: PipelineConfig, made_from: dict) -> Manifest:
     """Check every shard against its marker and the vocabulary, merge them if asked, and
     write data/manifest.json last."""
     paths = RunPaths.of(cfg.workdir)
@@ -74,7 +76,7 @@ def verify(cfg: PipelineConfig) -> Manifest:
     checked, totals, rejected = [], Counter(), Counter()
     for index in range(len(shards.plan(paths, cfg.data))):
         prefix = paths.shard_prefix(index)
-        if not is_shard_complete(paths, index):
+        if not is_shard_complete(paths, index, made_from["inputs"]["tokenize"]):
             raise CorruptShard(f"shard {index} ({prefix}) is missing or incomplete: rerun tokenize")
         marker = files.read_json(paths.shard_marker(index))
         check_shard(str(prefix), marker, tok["vocab_size"])
@@ -93,6 +95,8 @@ def verify(cfg: PipelineConfig) -> Manifest:
     if cfg.data.merge_into and cfg.data.merge_into < len(checked):
         read = merge(paths, checked, cfg.data.merge_into, cfg.data.split)
     manifest: Manifest = {
+        "made_from": made_from,
+        "fingerprint": provenance.fingerprint(made_from),
         "tokenizer": tok["model"],
         "tokenizer_sha256": tok["sha256"],
         "tokenizer_options": tok.get("options"),

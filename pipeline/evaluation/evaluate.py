@@ -15,7 +15,7 @@ from typing import TypedDict
 import torch
 
 from pipeline.config import PipelineConfig
-from pipeline.core import files
+from pipeline.core import files, provenance
 from pipeline.core.paths import RunPaths
 from pipeline.data import evalsets
 from pipeline.data.datasets import load_manifest
@@ -122,8 +122,10 @@ def _every_checkpoint(
 
 
 class EvaluationRecord(TypedDict, total=False):
-    """eval/DONE.json: what the evaluation measured, and for which eval settings."""
+    """eval/DONE.json: what the evaluation measured, and what it was made from."""
 
+    made_from: dict  # (pipeline.core.provenance; pipeline.evaluation.steps)
+    fingerprint: str
     checkpoint: str
     checkpoint_step: int
     test_loss: float
@@ -132,15 +134,15 @@ class EvaluationRecord(TypedDict, total=False):
     sets: dict[str, dict]  # by set name, "test" first
     samples: list[dict]
     harness: dict
-    config: dict  # the eval section it was made with
     checkpoints: list[dict]  # eval.all_checkpoints
     gpus: int
     checkpoint_layout: dict
     seconds: float
 
 
-def evaluate(cfg: PipelineConfig) -> EvaluationRecord:
-    """Measure, sample, write the report, then eval/DONE.json (every time it is called)."""
+def evaluate(cfg: PipelineConfig, made_from: dict) -> EvaluationRecord:
+    """Measure, sample, write the report, then eval/DONE.json (every time it is called);
+    `made_from`: what the evaluation is made from, for its marker."""
     paths = RunPaths.of(cfg.workdir)
     started = time.time()
     manifest = load_manifest(paths)
@@ -154,12 +156,14 @@ def evaluate(cfg: PipelineConfig) -> EvaluationRecord:
     sets = [evalsets.test_split(cfg, manifest, multiple)]
     sets += [evalsets.extra_set(cfg, name, sp, multiple) for name in cfg.eval.extra_sets]
     if not sets[0].windows.windows:
-        raise RuntimeError(f"data.split={cfg.data.split}: the test split holds no tokens")
+        raise RuntimeError(f"data.split={manifest['split']}: the test split holds no tokens")
     step = checkpoint.load(folder, engine.backend, engine.chunks, None)["step"]
     measured = {s.name: _measure(engine, s, cfg) for s in sets}
     test = measured["test"]
     model = engine.chunks[0]
     result: EvaluationRecord = {
+        "made_from": made_from,
+        "fingerprint": provenance.fingerprint(made_from),
         "checkpoint": str(folder),
         "checkpoint_step": step,
         "test_loss": test["loss"],
@@ -168,7 +172,6 @@ def evaluate(cfg: PipelineConfig) -> EvaluationRecord:
         "sets": measured,
         "samples": _samples(cfg, model, sp, engine.device),
         "harness": harness.run(cfg, model, sp, engine.device),
-        "config": dataclasses.asdict(cfg.eval),  # what this result is for
     }
     if cfg.eval.all_checkpoints:
         result["checkpoints"] = _every_checkpoint(cfg, engine, sets[0], folder, test)

@@ -1,15 +1,21 @@
-"""The evaluate step: one process on one GPU, or the CPU. Complete when eval/DONE.json records
-the eval settings asked for now: a changed eval.* setting redoes the evaluation alone."""
+"""The evaluate step: one process on one GPU, or the CPU. eval/DONE.json records what the
+evaluation was made from: the eval settings, the data, the training and the very checkpoint
+it measured. Any change redoes it (nothing is lost): another eval.* setting, a training that
+went on, a new best checkpoint."""
 
 from __future__ import annotations
 
-import dataclasses
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from pipeline.config import PipelineConfig
-from pipeline.core import files
+from pipeline.core import files, provenance
 from pipeline.core.paths import RunPaths
-from pipeline.core.steps import Placement
+from pipeline.core.provenance import MadeFrom
+from pipeline.core.steps import Change, Placement
+from pipeline.data.steps import VERIFY
+from pipeline.training import checkpoint_records
+from pipeline.training.steps import TRAIN
 
 if TYPE_CHECKING:
     from pipeline.evaluation.evaluate import EvaluationRecord
@@ -19,16 +25,35 @@ class EvaluateStep:
     name = "evaluate"
     placement = Placement.ONE_DEVICE
 
-    def is_complete(self, cfg: PipelineConfig) -> bool:
+    def made_from(self, cfg: PipelineConfig) -> MadeFrom:
+        chosen = checkpoint_records.chosen(RunPaths.of(cfg.workdir), str(cfg.eval.checkpoint))
+        return provenance.made_from(
+            provenance.section(cfg.eval, "eval"),
+            verify=provenance.fingerprint(VERIFY.made_from(cfg)),
+            train=provenance.fingerprint(TRAIN.made_from(cfg)),
+            checkpoint=chosen or "(none)",
+        )
+
+    def recorded(self, cfg: PipelineConfig) -> MadeFrom | None:
         done = files.read_json_or_none(RunPaths.of(cfg.workdir).eval_done)
-        return done is not None and done.get("config") == dataclasses.asdict(cfg.eval)
+        return None if done is None else done.get("made_from", {})
+
+    def change(self, recorded: MadeFrom, now: MadeFrom) -> Change:
+        return Change.REDO
+
+    def is_complete(self, cfg: PipelineConfig) -> bool:
+        return self.recorded(cfg) == self.made_from(cfg)
+
+    def outputs(self, cfg: PipelineConfig) -> list[Path]:
+        paths = RunPaths.of(cfg.workdir)
+        return [paths.eval_dir, paths.summary, paths.report, paths.report_html]
 
     def run(self, cfg: PipelineConfig) -> EvaluationRecord:
         if self.is_complete(cfg):
             return files.read_json(RunPaths.of(cfg.workdir).eval_done)
         from pipeline.evaluation.evaluate import evaluate  # torch: imported by the job
 
-        return evaluate(cfg)
+        return evaluate(cfg, self.made_from(cfg))
 
 
 EVALUATE = EvaluateStep()

@@ -11,10 +11,12 @@ step and never redoes finished work.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, Protocol
 
 from pipeline.config import PipelineConfig
-from pipeline.core.steps import Placement
+from pipeline.core.provenance import MadeFrom
+from pipeline.core.steps import Change, Placement
 from pipeline.data.steps import INDEX, TOKENIZE, TOKENIZER, VERIFY
 from pipeline.evaluation.steps import EVALUATE
 from pipeline.training.steps import TRAIN
@@ -32,6 +34,23 @@ class Step(Protocol):
 
     def run(self, cfg: PipelineConfig) -> Any:
         """Do the work unless it is complete; returns what its marker records, or Interrupted."""
+        ...
+
+    def made_from(self, cfg: PipelineConfig) -> MadeFrom:
+        """What its output would be made from under this config (pipeline.core.provenance)."""
+        ...
+
+    def recorded(self, cfg: PipelineConfig) -> MadeFrom | None:
+        """What its existing output records it was made from; None: no output; {}: an output
+        written before markers recorded it."""
+        ...
+
+    def change(self, recorded: MadeFrom, now: MadeFrom) -> Change:
+        """What a rerun does with an output made from `recorded` when `now` is asked for."""
+        ...
+
+    def outputs(self, cfg: PipelineConfig) -> list[Path]:
+        """What it writes in the run folder (what force=STEP moves aside)."""
         ...
 
 
@@ -58,6 +77,9 @@ STEPS_OF_STAGE: dict[str, list[Step]] = {
 }
 
 
+ALL_STEPS: list[Step] = [step for stage in STEPS_OF_STAGE.values() for step in stage]
+
+
 def steps(cfg: PipelineConfig) -> list[Step]:
     """Every step the configured stages need, in order, complete ones included."""
     return [step for stage in cfg.stages for step in STEPS_OF_STAGE[stage]]
@@ -71,6 +93,11 @@ def by_name(cfg: PipelineConfig) -> dict[str, Step]:
     return {step.name: step for step in steps(cfg)}
 
 
+def stage_of(name: str) -> str:
+    """The stage a step belongs to."""
+    return next(stage for stage, steps in STEPS_OF_STAGE.items() if name in {s.name for s in steps})
+
+
 def step_named(name: str) -> Step:
     """Any step by its name (tokenizer, tokenize, verify, index, train, evaluate)."""
-    return {step.name: step for stage in STEPS_OF_STAGE.values() for step in stage}[name]
+    return {step.name: step for step in ALL_STEPS}[name]

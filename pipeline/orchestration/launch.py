@@ -1,5 +1,6 @@
-"""`python -m pipeline`: check what the run needs, print the plan, then run or submit every
-step that is not complete yet, holding the run folder's lock."""
+"""`python -m pipeline`: check what the run needs, judge each step's existing output against
+what it was made from (pipeline.orchestration.reruns), print the plan, then run or submit the
+steps to run, holding the run folder's lock. A refused command writes nothing."""
 
 from __future__ import annotations
 
@@ -14,27 +15,51 @@ from pipeline.core.lock import run_lock
 from pipeline.core.paths import RunPaths
 from pipeline.core.steps import Placement
 from pipeline.data.datasets import vocab_size
-from pipeline.orchestration import executors, graph
+from pipeline.orchestration import executors, graph, history, reruns, sweep
+from pipeline.orchestration.reruns import Verdict
 from pipeline.planning import preflight, render
 
 SHARED = ("corpus", "tokenizer", "data")  # what a run with data.prepared takes from another
+SAID = {
+    "incomplete": "resumes where it stopped",
+    "continue": "continues from its output",
+    "redo": "is redone",
+    "forced": "is redone (force)",
+}
 
 
-def launch(cfg: PipelineConfig) -> int:
-    """Refuse what cannot work, then run or submit the pending steps; print where it all went.
-    A dry run prints what it would run or submit, and writes nothing."""
+def launch(cfg: PipelineConfig, given: list[str]) -> int:
+    """Refuse what cannot work or would reuse outputs made otherwise, then run or submit the
+    steps to run; print where it all went. `given`: this command line's overrides, recorded
+    in runs.jsonl. A dry run prints what it would do, and writes nothing."""
     preflight.check_stage_inputs(cfg)
     if "train" in cfg.stages:  # refuse what would fail after hours in the queue
         preflight.check_training(cfg, vocab_size(cfg)[0])
+    verdicts = reruns.judge(cfg)
+    reruns.refuse_changes(cfg, verdicts)
     if cfg.dry_run:
-        _run_pending(cfg, prepare=False)
+        _run_pending(cfg, verdicts, prepare=False)
         return 0
     paths = RunPaths.of(cfg.workdir)
     with run_lock(paths.root):  # one launcher per run folder
+        moved = reruns.move_aside(cfg, verdicts)
+        if moved:
+            print(
+                f"[pipeline] force={cfg.force}: earlier outputs moved to {moved}", file=sys.stderr
+            )
         if cfg.data.prepared:
             _link_prepared_data(Path(cfg.data.prepared), paths)
+        if sweep.is_multirun():
+            sweep.record_point(paths)
+        history.append(
+            paths,
+            history.for_run(paths, cfg.data.prepared, given),
+            given,
+            stages=list(cfg.stages),
+            steps={v.step.name: v.state for v in verdicts},
+        )
         files.write_text(paths.config, config.to_yaml(cfg))
-        _run_pending(cfg, prepare=True)
+        _run_pending(cfg, verdicts, prepare=True)
     print(f"\nRun folder: {paths.root}")
     if paths.summary.exists():
         print(f"Summary:    {paths.summary}")
@@ -51,7 +76,7 @@ def _link_prepared_data(prepared: Path, paths: RunPaths) -> None:
             os.symlink(source / name, link)
 
 
-def _run_pending(cfg: PipelineConfig, prepare: bool) -> None:
+def _run_pending(cfg: PipelineConfig, verdicts: list[Verdict], prepare: bool) -> None:
     if "train" in cfg.stages:  # the plan, before anything is submitted
         for line in render.summary_lines(cfg, vocab_size(cfg)[0]):
             print(line, file=sys.stderr)
@@ -59,8 +84,16 @@ def _run_pending(cfg: PipelineConfig, prepare: bool) -> None:
         for step in graph.steps(cfg):
             if step.placement is Placement.ARRAY:
                 step.prepare(cfg)
-    todo = graph.pending(cfg)
-    done = [step.name for step in graph.steps(cfg) if step not in todo]
+    running = {step.name for step in graph.steps(cfg)}
+    state = {v.step.name: v for v in verdicts}
+    done = [name for name in running if state[name].state == "complete"]
     if done:
-        print(f"[pipeline] already complete: {', '.join(done)}", file=sys.stderr)
+        ordered = [s.name for s in graph.steps(cfg) if s.name in done]
+        print(f"[pipeline] already complete: {', '.join(ordered)}", file=sys.stderr)
+    for step in graph.steps(cfg):
+        verdict = state[step.name]
+        if verdict.state in SAID:
+            why = f": {verdict.describe()}" if verdict.differences else ""
+            print(f"[pipeline] {step.name} {SAID[verdict.state]}{why}", file=sys.stderr)
+    todo = [step for step in graph.steps(cfg) if state[step.name].state in reruns.RUN]
     executors.select(cfg).run(todo, cfg)

@@ -1,27 +1,50 @@
-"""Each step's state, from its completion marker and, for submitted jobs, from Slurm:
-COMPLETE, PENDING, RUNNING, FAILED (with why), NOT SUBMITTED."""
+"""Each step's state, from its completion marker and what it records it was made from, and,
+for submitted jobs, from Slurm: COMPLETE, RUNS AGAIN (and why), REFUSED (and why), PENDING,
+RUNNING, FAILED (with why: Slurm's reason, or the error of a local run), NOT RUN."""
 
 from __future__ import annotations
 
 from pipeline.config import PipelineConfig
+from pipeline.core import files
 from pipeline.core.paths import RunPaths
-from pipeline.orchestration import graph
+from pipeline.orchestration import graph, reruns
 from pipeline.orchestration.slurm_queue import FAILED, latest_submission, slurm_states
+
+STATES = {
+    "complete": "COMPLETE",
+    "incomplete": "INCOMPLETE",
+    "continue": "CONTINUES",
+    "redo": "REDONE",
+    "forced": "REDONE",
+    "refuse": "REFUSED",
+    "new": "NOT RUN",
+}
 
 
 def describe(cfg: PipelineConfig) -> list[tuple[str, str, str]]:
-    """(step, state, detail) for every step of the run."""
-    latest = latest_submission(RunPaths.of(cfg.workdir))
+    """(step, state, detail) for every step of the run's stages."""
+    paths = RunPaths.of(cfg.workdir)
+    verdicts = {v.step.name: v for v in reruns.judge(cfg)}
+    latest = latest_submission(paths)
     states = slurm_states([j for ids in latest.values() for j in ids]) if latest else {}
     rows = []
     failed_before = None
     for step in graph.steps(cfg):
-        if step.is_complete(cfg):
-            rows.append((step.name, "COMPLETE", "marker present"))
-            continue
+        verdict = verdicts[step.name]
         ids = latest.get(step.name, [])
+        failure = files.read_json_or_none(paths.failure(step.name))
+        if verdict.state == "complete":
+            rows.append((step.name, "COMPLETE", "marker present, made from these settings"))
+            continue
+        if verdict.differences:
+            rows.append((step.name, STATES[verdict.state], verdict.describe()))
+            continue
+        if failure is not None and not ids:
+            rows.append((step.name, "FAILED", f"{failure['error']} ({failure['at']})"))
+            failed_before = failed_before or step.name
+            continue
         if not ids:
-            rows.append((step.name, "NOT SUBMITTED", "run `make pretrain` to submit"))
+            rows.append((step.name, STATES[verdict.state], "run `make pretrain` to run it"))
             continue
         job_states = [states.get(j, ("UNKNOWN", "")) for j in ids]
         names = sorted({s for s, _ in job_states})
@@ -43,4 +66,4 @@ def describe(cfg: PipelineConfig) -> list[tuple[str, str, str]]:
 
 
 def is_failed(state: str) -> bool:
-    return state in FAILED
+    return state in FAILED or state in ("FAILED", "REFUSED")

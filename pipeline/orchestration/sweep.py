@@ -1,4 +1,5 @@
-"""Hydra multirun sweeps: each point is its own run folder under `<workdir>/sweep/`, sharing
+"""Hydra multirun sweeps: each point is its own run folder under `<workdir>/sweep/`, named by
+its overrides (the same overrides, the same folder; other overrides, another folder), sharing
 the tokenized data of the base run, and a table of the points when all have finished.
 
     python -m pipeline stages=[tokenize]                      # once: the shared data
@@ -19,6 +20,7 @@ from omegaconf import DictConfig
 
 from pipeline.config import PipelineConfig
 from pipeline.core import files
+from pipeline.core.paths import RunPaths
 from pipeline.reporting.sweep_table import write_sweep_summary
 
 
@@ -26,15 +28,26 @@ def is_multirun() -> bool:
     return HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
 
 
+def point_folder() -> str:
+    """This point's run folder (hydra.sweep.subdir names it by its overrides)."""
+    return HydraConfig.get().runtime.output_dir
+
+
 def point_config(cfg: PipelineConfig) -> PipelineConfig:
     """A sweep point's config: its own workdir, the base run's data, its stages run right here
-    (the point already is a job of its own). Records the point's overrides in its folder."""
-    hydra = HydraConfig.get()
-    point = hydra.runtime.output_dir
-    files.write_json(Path(point) / "sweep_point.json", {"overrides": list(hydra.overrides.task)})
+    (the point already is a job of its own)."""
     data = dataclasses.replace(cfg.data, prepared=cfg.data.prepared or cfg.workdir)
     cluster = dataclasses.replace(cfg.cluster, name="local", executor="inprocess")
-    return dataclasses.replace(cfg, workdir=point, data=data, cluster=cluster)
+    return dataclasses.replace(cfg, workdir=point_folder(), data=data, cluster=cluster)
+
+
+def record_point(paths: RunPaths) -> None:
+    """sweep_point.json: the point's overrides, which the sweep's table shows beside it."""
+    files.write_json(paths.root / "sweep_point.json", {"overrides": list(overrides())})
+
+
+def overrides() -> list[str]:
+    return list(HydraConfig.get().overrides.task)
 
 
 class SweepSummary(Callback):

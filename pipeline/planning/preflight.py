@@ -20,7 +20,7 @@ from pipeline.planning.search import search_layouts
 from pipeline.planning.throughput import expected_step
 from pipeline.planning.units import gib
 from pipeline.runtime import gpus
-from pipeline.training import resume
+from pipeline.training import checkpoint_records
 
 # Time a saving job needs besides writing: agreeing on the signal, finishing the step, syncing.
 SAVE_MARGIN_S = 10.0
@@ -163,6 +163,8 @@ def _check_resume_layout(cfg: PipelineConfig) -> None:
     paths = RunPaths.of(cfg.workdir)
     if "train" not in cfg.stages or trains_on_gpu(cfg) or paths.train_done.exists():
         return
-    problem = resume.layout_problem((resume.tracked_state(paths) or {}).get("layout"), cfg.parallel)
+    problem = checkpoint_records.layout_problem(
+        (checkpoint_records.tracked_state(paths) or {}).get("layout"), cfg.parallel
+    )
     if problem:
         raise ConfigError(f"{problem[0]}: {problem[1]}")

@@ -14,6 +14,7 @@ from pipeline.reporting.summary import (
     SUMMARY_FROM_EVAL,
     SUMMARY_FROM_TRAIN,
     Metrics,
+    current_evaluation,
     read_metrics,
     write_summary,
 )
@@ -102,6 +103,9 @@ def _training_section(paths: RunPaths, summary: dict, metrics: Metrics) -> list[
 
 
 def _results_section(paths: RunPaths, evaluation: dict) -> list[tuple]:
+    if not evaluation and paths.eval_done.exists():
+        why = "the evaluation in eval/ is of an earlier training: rerun with stages=[evaluate]"
+        return [("h2", "Test results"), ("p", why)]
     blocks = [("h2", "Test results"), _kv([(k, evaluation.get(k)) for k in SUMMARY_FROM_EVAL])]
     sets = evaluation.get("sets", {})
     if sets:
@@ -296,7 +300,7 @@ def to_html(title: str, blocks: list[tuple]) -> str:
 def write_report(paths: RunPaths, evaluation: dict | None = None) -> Path:
     """report.md and report.html in the run folder; `evaluation` as in write_summary."""
     if evaluation is None:
-        evaluation = files.read_json_or_none(paths.eval_done) or {}
+        evaluation = current_evaluation(paths)
     blocks = report_blocks(paths, evaluation)
     title = f"Run report: {paths.root.name}"
     files.write_text(paths.report, to_markdown(title, blocks))

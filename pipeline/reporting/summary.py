@@ -48,9 +48,21 @@ def read_metrics(paths: RunPaths) -> Metrics:
     return Metrics(last_per_step("loss"), last_per_step("val_loss"), resumes)
 
 
+def current_evaluation(paths: RunPaths) -> dict:
+    """eval/DONE.json if it evaluated the training train/DONE.json records, else {}: after a
+    training went on, its earlier evaluation describes another model."""
+    evaluation = files.read_json_or_none(paths.eval_done) or {}
+    train = files.read_json_or_none(paths.train_done) or {}
+    evaluated = evaluation.get("made_from", {}).get("inputs", {}).get("train")
+    if evaluated and train.get("fingerprint") and evaluated != train["fingerprint"]:
+        return {}
+    return evaluation
+
+
 def write_summary(paths: RunPaths, evaluation: dict | None = None) -> dict:
-    """Merge what the stages recorded into summary.json (stages that have not run are absent);
-    `evaluation` is the evaluation's result before its marker is written."""
+    """Merge what the stages recorded into summary.json (stages that have not run are absent,
+    and so is an evaluation of an earlier training); `evaluation` is the evaluation's result
+    before its marker is written."""
     summary: dict = {"workdir": str(paths.root)}
     manifest = files.read_json_or_none(paths.manifest)
     if manifest:
@@ -61,7 +73,7 @@ def write_summary(paths: RunPaths, evaluation: dict | None = None) -> dict:
     summary.update({k: train[k] for k in SUMMARY_FROM_TRAIN if k in train})
     summary["resumes"] = len(read_metrics(paths).resumes)
     if evaluation is None:
-        evaluation = files.read_json_or_none(paths.eval_done) or {}
+        evaluation = current_evaluation(paths)
     summary.update({k: evaluation[k] for k in SUMMARY_FROM_EVAL if k in evaluation})
     if "sets" in evaluation:
         summary["set_ppl"] = {name: r["ppl"] for name, r in evaluation["sets"].items()}

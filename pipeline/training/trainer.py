@@ -14,16 +14,16 @@ from typing import TypedDict
 import torch
 
 from pipeline.config import PipelineConfig, TrainConfig
-from pipeline.config.derived import world_size
-from pipeline.core import files
+from pipeline.config.derived import validation_samples, world_size
+from pipeline.core import files, provenance
 from pipeline.core.errors import NonFinite
 from pipeline.core.paths import RunPaths
 from pipeline.core.steps import Interrupted
 from pipeline.data import datasets
 from pipeline.model import flops
-from pipeline.reporting.summary import write_summary
+from pipeline.reporting.report import write_report
 from pipeline.runtime.gpus import peak_tflops
-from pipeline.training import checkpoint, resume
+from pipeline.training import checkpoint, checkpoint_records
 from pipeline.training.engine import Engine
 from pipeline.training.metrics import MetricsLog, Throughput, console_line
 from pipeline.training.profiling import StepProfiler
@@ -31,8 +31,10 @@ from pipeline.training.signals import StopRequest
 
 
 class TrainRecord(TypedDict):
-    """train/DONE.json: what the finished training run measured."""
+    """train/DONE.json: what the finished training run measured, and what it was made from."""
 
+    made_from: dict  # (pipeline.core.provenance; pipeline.training.steps)
+    fingerprint: str
     status: str  # "complete"
     train_steps: int
     tokens: int  # in the training split
@@ -65,7 +67,11 @@ class RunState:
 
 
 class Trainer(Engine):
-    def __init__(self, cfg: PipelineConfig):
+    """Trains the model of `cfg` on the run's data; `made_from` (what its checkpoints and
+    DONE.json record) says which settings and data that is."""
+
+    def __init__(self, cfg: PipelineConfig, made_from: dict):
+        self.made_from = made_from
         self.paths = RunPaths.of(cfg.workdir)
         self.manifest = datasets.load_manifest(self.paths)
         super().__init__(cfg, self.manifest["vocab_size"])
@@ -134,7 +140,7 @@ class Trainer(Engine):
         if self.backend.reshards_optimizer:
             return
         saved = files.read_json(folder / "state.json").get("layout")
-        problem = resume.layout_problem(saved, self.cfg.parallel)
+        problem = checkpoint_records.layout_problem(saved, self.cfg.parallel)
         if problem:
             raise RuntimeError(f"{folder}: {problem[1]}")
 
@@ -153,6 +159,7 @@ class Trainer(Engine):
                 "step": self.state.step,
                 "val_loss": self.state.val_loss,
                 "layout": self.parallel_layout(),
+                "made_from": self.made_from,
                 "run": vars(self.state),
             },
             self.backend,
@@ -189,6 +196,9 @@ class Trainer(Engine):
         self.resume()
         self.metrics.keep_until(self.state.step)
         train_ds, valid_ds = datasets.train_valid_datasets(cfg, self.manifest)
+        validation = datasets.FirstSamples(  # the same sequences at every validation
+            valid_ds, validation_samples(cfg), t.micro_batch_size * self.dp_size
+        )
         # before the data-loading workers fork: they inherit the handlers, and a job signal
         # (time-limit warning, preemption) reaches them too, which would otherwise kill them
         stop = StopRequest()
@@ -234,7 +244,7 @@ class Trainer(Engine):
             )
             st.val_loss = None  # the validation loss at this very step, if validated
             if due_save or st.step % t.eval_interval == 0 or st.step == t.steps:
-                st.val_loss, _ = self.loss_over(valid_ds, t.micro_batch_size, t.eval_iters)
+                st.val_loss, _ = self.loss_over(validation, t.micro_batch_size, None)
                 if st.best_val_loss is None or st.val_loss < st.best_val_loss:
                     st.best_val_loss = st.val_loss
                 self.metrics.record({"step": st.step, "tokens": st.tokens, "val_loss": st.val_loss})
@@ -263,6 +273,8 @@ class Trainer(Engine):
         best = checkpoint.best(self.paths.checkpoints, checksums=False)  # evaluation verifies it
         best_record = files.read_json_or_none(self.paths.checkpoints / checkpoint.BEST) or {}
         result: TrainRecord = {
+            "made_from": self.made_from,
+            "fingerprint": provenance.fingerprint(self.made_from),
             "status": "complete",
             "train_steps": st.step,
             "tokens": self.manifest["total"]["split_tokens"]["train"],
@@ -283,13 +295,16 @@ class Trainer(Engine):
         }
         if self.rank.is_first:
             files.write_json(self.paths.train_done, result)
-            write_summary(self.paths)
+            write_report(self.paths)  # and summary.json; an earlier evaluation only if current
         return result
 
 
 def lr_scheduler(optimizer, t: TrainConfig):
     """megatron-core's schedule: linear warm-up to train.lr, then train.lr_decay_style down to
-    train.min_lr at train.steps (WSD: the last tenth of the steps)."""
+    train.min_lr at train.steps (WSD: the last tenth of the steps). On resume the config's
+    values are kept over the checkpoint's: a run continued to more train.steps follows the
+    longer schedule from the step it resumes at (every other value is the same, or the run
+    was refused; pipeline.training.steps)."""
     from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 
     return OptimizerParamScheduler(
@@ -306,4 +321,6 @@ def lr_scheduler(optimizer, t: TrainConfig):
         wd_incr_style="constant",
         wsd_decay_steps=max(1, t.steps // 10),
         lr_wsd_decay_style="linear",
+        use_checkpoint_opt_param_scheduler=False,
+        override_opt_param_scheduler=True,
     )

@@ -231,6 +231,7 @@ def test_changing_an_eval_setting_redoes_the_evaluation_only(run, tmp_path):
     shutil.copytree(workdir, copy, symlinks=True)
     before = _evaluation(workdir)
     args = [a for a in args if not a.startswith(("workdir=", "eval.all_checkpoints="))]
+    args.append("eval.all_checkpoints=false")  # not given, it would keep the run's value
     again = pipeline(f"workdir={copy}", *args)
     assert "already complete: tokenizer, tokenize, verify, index, train" in again.stderr
     assert "evaluate: running" in again.stderr
@@ -239,11 +240,11 @@ def test_changing_an_eval_setting_redoes_the_evaluation_only(run, tmp_path):
     assert after["test_loss"] == pytest.approx(before["test_loss"], rel=1e-9)
 
 
-def test_a_sweep_summary_compares_the_points(run):
-    workdir, _ = run
+def sweep(workdir: Path, swept: str) -> dict[str, Path]:
+    """Sweep KEY=V1,V2 over the base run's data; each point's folder by its KEY=V."""
     command = ["-m", "cluster=local", f"workdir={workdir}", *SMALL, "stages=[train,evaluate]"]
     result = subprocess.run(
-        [sys.executable, "-m", "pipeline", *command, "train.lr=0.003,0.001"],
+        [sys.executable, "-m", "pipeline", *command, swept],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -251,13 +252,42 @@ def test_a_sweep_summary_compares_the_points(run):
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert "Sweep summary" in result.stdout
+    key, values = swept.split("=")
+    points = {}
+    for marker in (workdir / "sweep").glob("*/sweep_point.json"):
+        overrides = json.loads(marker.read_text())["overrides"]
+        points.update({o: marker.parent for o in overrides if o in swept_values(key, values)})
+    return points
+
+
+def swept_values(key: str, values: str) -> set[str]:
+    return {f"{key}={value}" for value in values.split(",")}
+
+
+def test_sweeps_on_one_base_keep_each_points_numbers_under_its_own_overrides(run):
+    workdir, _ = run
+    first = sweep(workdir, "train.lr=0.003,0.001")
+    assert sorted(first) == ["train.lr=0.001", "train.lr=0.003"]
+    done = {p: (p / "eval" / "DONE.json").stat().st_mtime_ns for p in first.values()}
+    again = sweep(workdir, "train.lr=0.003,0.001")  # the same points: found, not redone
+    assert again == first
+    assert {p: (p / "eval" / "DONE.json").stat().st_mtime_ns for p in first.values()} == done
+    second = sweep(workdir, "train.micro_batch_size=2,8")  # other overrides: other folders
+    assert sorted(second) == ["train.micro_batch_size=2", "train.micro_batch_size=8"]
+    assert not set(first.values()) & set(second.values())
     summary = (workdir / "sweep" / "summary.md").read_text()
-    header, _, *rows = summary.splitlines()[:4]
+    header, _, *rows = summary.split("\n\n")[0].splitlines()
     assert "| best val loss |" in header and header.endswith("| test ppl |")
-    for point, lr in zip((0, 1), ("0.003", "0.001"), strict=True):
-        s = json.loads((workdir / "sweep" / str(point) / "summary.json").read_text())
-        row = next(r for r in rows if r.startswith(f"| {point} |"))
-        assert f"train.lr={lr}" in row
+    assert len(rows) == 4
+    for label, folder in {**first, **second}.items():
+        s = json.loads((folder / "summary.json").read_text())
+        row = next(r for r in rows if r.startswith(f"| {folder.name} |"))
+        assert label.split("=")[0] in row and label.split("=")[1] in row, (label, row)
         assert f"| {s['best_val_loss']:.4f} |" in row and row.endswith(f"| {s['test_ppl']:.2f} |")
+    # validation reads the same sequences whatever the micro-batch size: the same loss
+    losses = [json.loads((p / "summary.json").read_text())["best_val_loss"] for p in (
+        first["train.lr=0.003"], second["train.micro_batch_size=2"], second["train.micro_batch_size=8"]
+    )]  # fmt: skip
+    assert max(losses) - min(losses) < 1e-4 * losses[0], losses
     assert "![validation loss of each point](val_loss.png)" in summary
     assert (workdir / "sweep" / "val_loss.png").read_bytes()[:4] == b"\x89PNG"

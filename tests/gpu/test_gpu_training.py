@@ -36,7 +36,7 @@ GPU_SMALL = [
     "train.log_interval=1",
     "train.eval_interval=30",
     "train.save_interval=30",
-    "train.eval_iters=4",
+    "train.eval_samples=32",
 ]
 
 

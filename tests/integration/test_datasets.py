@@ -10,7 +10,7 @@ import pytest
 
 from pipeline.config import ConfigError
 from pipeline.core.paths import RunPaths
-from pipeline.data import datasets, evalsets, index_cache
+from pipeline.data import datasets, evalsets
 from pipeline.data.indexed import ShardWriter
 from pipeline.data.splits import SPLITS, split_bounds, split_tokens
 from pipeline.data.steps import INDEX
@@ -106,7 +106,7 @@ def test_split_tokens_count_what_megatron_core_splits_with_empty_documents(tmp_p
 def test_the_index_step_builds_the_cache_for_this_config_and_redoes_it_when_it_changes(run_copy):
     assert not INDEX.is_complete(run_copy)
     marker = INDEX.run(run_copy)
-    assert INDEX.is_complete(run_copy) and index_cache.is_built(run_copy)
+    assert INDEX.is_complete(run_copy) and marker["made_from"] == INDEX.made_from(run_copy)
     cache = RunPaths.of(run_copy.workdir).index_cache
     assert list(cache.glob("*-GPTDataset-train-shuffle_index.npy"))
     assert marker["samples"]["train"] >= run_copy.train.steps * run_copy.train.global_batch_size

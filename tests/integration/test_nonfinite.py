@@ -15,7 +15,7 @@ from pipeline.core.paths import RunPaths
 from pipeline.training import checkpoint
 from pipeline.training.steps import TRAIN
 from pipeline.training.trainer import Trainer
-from tests.conftest import changed
+from tests.conftest import changed, trainer_of
 
 
 def poison_loss(trainer: Trainer, step: int) -> None:
@@ -67,7 +67,7 @@ def saved_weights_are_finite(root) -> bool:
 
 
 def test_a_nan_loss_skips_that_update_and_training_goes_on(run_copy, capfd):
-    trainer = Trainer(run_copy)
+    trainer = trainer_of(run_copy)
     poison_loss(trainer, step=7)
     weights = weights_entering_each_step(trainer)
     result = trainer.fit()
@@ -82,7 +82,7 @@ def test_a_nan_loss_skips_that_update_and_training_goes_on(run_copy, capfd):
 
 
 def test_an_infinite_gradient_with_a_finite_loss_skips_that_update(run_copy, capfd):
-    trainer = Trainer(run_copy)
+    trainer = trainer_of(run_copy)
     poison_gradient(trainer, step=5)
     weights = weights_entering_each_step(trainer)
     result = trainer.fit()
@@ -96,7 +96,7 @@ def test_an_infinite_gradient_with_a_finite_loss_skips_that_update(run_copy, cap
 
 
 def test_stop_policy_stops_at_the_step_and_saves_nothing_after_it(run_copy):
-    trainer = Trainer(changed(run_copy, "train", nonfinite="stop"))
+    trainer = trainer_of(changed(run_copy, "train", nonfinite="stop"))
     poison_loss(trainer, step=13)
     with pytest.raises(NonFinite, match=r"^step 13: loss nan, grad norm nan is not finite; stop"):
         trainer.fit()
@@ -119,7 +119,7 @@ def test_a_learning_rate_that_overflows_stops_with_the_step_and_value(run_copy):
 def test_weights_that_are_not_finite_are_never_saved(run_copy):
     """A weight the loss never sees (the embedding row of the unknown token, which byte
     fallback never produces) goes infinite: training carries on, the save refuses."""
-    trainer = Trainer(run_copy)
+    trainer = trainer_of(run_copy)
     embedding = trainer.chunks[0].embedding.word_embeddings.weight
 
     def hook(module, inputs):

@@ -17,8 +17,7 @@ from pipeline.data import datasets
 from pipeline.evaluation.steps import EVALUATE
 from pipeline.training import checkpoint
 from pipeline.training.steps import TRAIN
-from pipeline.training.trainer import Trainer
-from tests.conftest import ROOT, SMALL_SERIAL, changed
+from tests.conftest import ROOT, SMALL_SERIAL, changed, trainer_of
 
 
 def _losses(cfg) -> dict[int, float]:
@@ -30,7 +29,7 @@ def test_loss_falls_on_a_fixed_batch(run_copy):
     cfg = changed(
         run_copy, "train", steps=200
     )  # keep the learning rate up: the schedule spans the run
-    trainer = Trainer(cfg)
+    trainer = trainer_of(cfg)
     dataset, _ = datasets.train_valid_datasets(cfg)
     batch = next(iter(trainer.iterators(dataset, 0, cfg.train.micro_batch_size)[0]))
     losses = [trainer.train_step([itertools.repeat(batch)])[0] for _ in range(40)]

@@ -150,12 +150,16 @@ def test_a_sweep_gives_one_run_folder_per_point_and_a_summary(slurm_cluster, tmp
         f"hydra.launcher.submitit_folder={tmp_path}/submitit/%j",
         "hydra.launcher.timeout_min=10",
     )
-    points = sorted((base / "sweep").glob("*/summary.json"))
+
+    def overrides(point: Path) -> list[str]:
+        return json.loads((point.parent / "sweep_point.json").read_text())["overrides"]
+
+    # each point's folder is named by its overrides: ordered here by grad_accum
+    points = sorted(
+        (base / "sweep").glob("*/summary.json"), key=lambda p: "train.grad_accum=2" in overrides(p)
+    )
     assert len(points) == 2
-    overrides = [
-        json.loads((p.parent / "sweep_point.json").read_text())["overrides"] for p in points
-    ]
-    assert ["train.grad_accum=1" in o for o in overrides] == [True, False]
+    assert ["train.grad_accum=1" in overrides(p) for p in points] == [True, False]
     configs = [(p.parent / "config.yaml").read_text() for p in points]
     assert ["micro_batch_size: 8" in c for c in configs] == [True, False]
     assert "micro_batch_size: 4" in configs[1]  # the global batch (8) held fixed

@@ -3,13 +3,18 @@ this cluster, and how an interrupted step ends the chain."""
 
 from __future__ import annotations
 
+import contextlib
 import sys
+import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from pipeline.config import PipelineConfig
 from pipeline.config.derived import tasks_per_node
+from pipeline.core import files
 from pipeline.core.errors import StageError
+from pipeline.core.paths import RunPaths
 from pipeline.core.steps import Interrupted, Placement
 from pipeline.orchestration.graph import Step
 
@@ -43,6 +48,20 @@ def resources(step: Step, cfg: PipelineConfig) -> Resources:
     if step.placement is Placement.ONE_DEVICE:
         return Resources(c.time_limit, gpus_per_node=min(1, c.gpus_per_node))
     return Resources(c.cpu_time_limit)  # CPU, and each task of an ARRAY
+
+
+@contextlib.contextmanager
+def failures_recorded(step: Step, cfg: PipelineConfig) -> Iterator[None]:
+    """A step run here that fails leaves logs/STEP.failed.json with its error (what
+    `make status` shows); one that succeeds clears it."""
+    record = RunPaths.of(cfg.workdir).failure(step.name)
+    try:
+        yield
+    except BaseException as e:
+        error = f"{type(e).__name__}: {e}".strip().splitlines()[0]
+        files.write_json(record, {"at": time.strftime("%Y-%m-%dT%H:%M:%S"), "error": error})
+        raise
+    record.unlink(missing_ok=True)
 
 
 def say(text: str) -> None:

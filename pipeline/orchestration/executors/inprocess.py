@@ -10,7 +10,12 @@ import time
 
 from pipeline.config import PipelineConfig
 from pipeline.core.steps import Placement
-from pipeline.orchestration.executors.base import resources, say, stop_if_interrupted
+from pipeline.orchestration.executors.base import (
+    failures_recorded,
+    resources,
+    say,
+    stop_if_interrupted,
+)
 from pipeline.orchestration.graph import ArrayStep, Step
 
 
@@ -35,18 +40,22 @@ class InProcessExecutor:
 
     def run(self, steps: list[Step], cfg: PipelineConfig) -> None:
         for step in steps:
-            started = time.time()
-            if step.placement is Placement.ARRAY:
-                tasks = step.tasks(cfg)
-                say(f"{step.name}: running ({tasks} tasks)")
-                _run_array(step, cfg, tasks)
-            else:
-                say(f"{step.name}: running")
-                ranks = resources(step, cfg).ranks
-                if ranks > 1:
-                    raise ValueError(
-                        f"{step.name} needs {ranks} processes: use cluster.executor=subprocess "
-                        "or cluster=slurm"
-                    )
-                stop_if_interrupted(step, step.run(cfg))
-            say(f"{step.name}: done in {time.time() - started:.1f} s")
+            with failures_recorded(step, cfg):
+                self._run(step, cfg)
+
+    def _run(self, step: Step, cfg: PipelineConfig) -> None:
+        started = time.time()
+        if step.placement is Placement.ARRAY:
+            tasks = step.tasks(cfg)
+            say(f"{step.name}: running ({tasks} tasks)")
+            _run_array(step, cfg, tasks)
+        else:
+            say(f"{step.name}: running")
+            ranks = resources(step, cfg).ranks
+            if ranks > 1:
+                raise ValueError(
+                    f"{step.name} needs {ranks} processes: use cluster.executor=subprocess "
+                    "or cluster=slurm"
+                )
+            stop_if_interrupted(step, step.run(cfg))
+        say(f"{step.name}: done in {time.time() - started:.1f} s")

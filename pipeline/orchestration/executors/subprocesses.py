@@ -9,7 +9,12 @@ from pipeline.config import PipelineConfig
 from pipeline.core.errors import StageError
 from pipeline.core.paths import RunPaths
 from pipeline.core.steps import Placement
-from pipeline.orchestration.executors.base import resources, say, stop_if_interrupted
+from pipeline.orchestration.executors.base import (
+    failures_recorded,
+    resources,
+    say,
+    stop_if_interrupted,
+)
 from pipeline.orchestration.graph import Step
 from pipeline.orchestration.tasks import ArrayTask, DistributedTask
 
@@ -47,6 +52,7 @@ class SubprocessExecutor:
             else:
                 submitted = [executor.submit(DistributedTask(step, cfg))]
             say(f"{step.name}: {len(submitted)} job(s), logs under {submitted[0].paths.folder}")
-            for job in submitted:
-                stop_if_interrupted(step, _results(step, job)[0])
+            with failures_recorded(step, cfg):
+                for job in submitted:
+                    stop_if_interrupted(step, _results(step, job)[0])
             say(f"{step.name}: done in {time.time() - started:.1f} s")

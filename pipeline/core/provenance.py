@@ -1,0 +1,61 @@
+"""What an output was made from, as build systems and DVC record it: the settings a step's
+output depends on and the fingerprints of the outputs it read. Each step records this with
+its completion marker ("made_from", and its "fingerprint"); a rerun compares it with what the
+config asks for now and skips, continues, redoes or refuses (pipeline.orchestration.reruns).
+
+    made_from = {"settings": {"tokenizer.vocab_size": 512, ...},   # dotted config keys
+                 "inputs": {"tokenizer": "3f9c...", ...}}          # fingerprints of inputs
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from typing import Any
+
+MadeFrom = dict[str, dict[str, Any]]
+
+
+def made_from(settings: dict[str, Any], **inputs: str) -> MadeFrom:
+    return {"settings": settings, "inputs": dict(inputs)}
+
+
+def section(obj: Any, prefix: str, exclude: tuple[str, ...] = ()) -> dict[str, Any]:
+    """A config section's values as dotted keys, e.g. {"model.hidden_size": 128, ...}."""
+    return {
+        f"{prefix}.{name}": value
+        for name, value in dataclasses.asdict(obj).items()
+        if name not in exclude
+    }
+
+
+def fingerprint(record: MadeFrom) -> str:
+    """A short digest of what an output was made from: equal records, equal fingerprints."""
+    text = json.dumps(record, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def differences(recorded: MadeFrom, now: MadeFrom) -> list[tuple[str, Any, Any]]:
+    """(key, recorded value, value now) for each setting or input that differs; an input is
+    named by its step ("input tokenizer")."""
+    found = []
+    for part, label in (("settings", ""), ("inputs", "input ")):
+        old, new = recorded.get(part, {}), now.get(part, {})
+        for key in sorted(set(old) | set(new)):
+            if old.get(key, "(absent)") != new.get(key, "(absent)"):
+                found.append((f"{label}{key}", old.get(key, "(absent)"), new.get(key, "(absent)")))
+    return found
+
+
+def _short(value: Any, limit: int = 60) -> str:
+    text = json.dumps(value, default=str) if not isinstance(value, str) else value
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def describe(found: list[tuple[str, Any, Any]], most: int = 4) -> str:
+    """'train.lr=0.003 (now 0.001), model.hidden_size=64 (now 128)' for a one-line message."""
+    parts = [f"{key}={_short(old)} (now {_short(new)})" for key, old, new in found[:most]]
+    if len(found) > most:
+        parts.append(f"and {len(found) - most} more")
+    return ", ".join(parts)

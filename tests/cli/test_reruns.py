@@ -1,0 +1,156 @@
+"""Reruns on an existing run folder, as a new user makes them: more steps continue, a change
+that would mix two runs in one folder is refused in one line and writes nothing, force redoes
+and keeps what it replaces, an evaluation alone reads the split the data was made with, and
+`make status` says what each step was made from. No figure may come from outputs made with
+other settings than those reported."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from pipeline.core.paths import RunPaths
+from tests.conftest import ROOT, SMALL_SERIAL, cli, loss_curve
+
+SPLIT = "data.split='80,10,10'"  # not the default: a rerun that forgets it must not re-cut
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory) -> Path:
+    workdir = tmp_path_factory.mktemp("reruns") / "run"
+    result = cli(f"workdir={workdir}", *SMALL_SERIAL, SPLIT)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return workdir
+
+
+@pytest.fixture
+def run(finished, tmp_path) -> Path:
+    copy = tmp_path / "run"
+    shutil.copytree(finished, copy, symlinks=True)
+    return copy
+
+
+def state(workdir: Path) -> dict[str, int]:
+    """Every file of the run folder with its modification time."""
+    return {str(p.relative_to(workdir)): p.stat().st_mtime_ns for p in workdir.rglob("*")}
+
+
+def summary(workdir: Path) -> dict:
+    return json.loads((workdir / "summary.json").read_text())
+
+
+def test_more_steps_continue_from_the_last_checkpoint_and_redo_the_evaluation(run):
+    result = cli(f"workdir={run}", "train.steps=30")  # nothing else: the run's settings hold
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "already complete: tokenizer, tokenize, verify\n" in result.stderr
+    assert "train continues from its output: made with train.steps=20 (now 30)" in result.stderr
+    assert f"resumed from {run / 'checkpoints' / 'iter_0000020'} at step 20" in result.stderr
+    assert "evaluate is redone: what it read changed (train" in result.stderr
+    assert sorted(loss_curve(run)) == [5, 10, 15, 20, 25, 30]
+    paths = RunPaths.of(run)
+    train = json.loads(paths.train_done.read_text())
+    evaluation = json.loads(paths.eval_done.read_text())
+    assert train["train_steps"] == summary(run)["train_steps"] == 30
+    assert evaluation["made_from"]["inputs"]["train"] == train["fingerprint"]
+    assert (
+        evaluation["checkpoint_step"] == 30 and summary(run)["test_ppl"] == evaluation["test_ppl"]
+    )
+    records = [json.loads(line) for line in paths.runs.read_text().splitlines()]
+    assert len(records) == 2 and "train.steps=30" in records[-1]["overrides"]
+    assert records[-1]["steps"]["train"] == "continue" and SPLIT in records[-1]["overrides"]
+
+
+@pytest.mark.parametrize(
+    "change,step,key",
+    [
+        ("model.hidden_size=128", "train", "model.hidden_size=64 (now 128)"),
+        ("train.lr=0.001", "train", "train.lr=0.003 (now 0.001)"),
+        ("train.seed=7", "train", "train.seed=1234 (now 7)"),
+        ("train.steps=10", "train", "train.steps=20 (now 10)"),
+        ("tokenizer.vocab_size=1024", "tokenizer", "tokenizer.vocab_size=512 (now 1024)"),
+        ("data.split='90,5,5'", "verify", "data.split=80,10,10 (now 90,5,5)"),
+    ],
+)
+def test_a_change_the_outputs_cannot_follow_is_refused_and_writes_nothing(run, change, step, key):
+    before = state(run)
+    result = cli(f"workdir={run}", change)
+    assert result.returncode == 2 and result.stderr.count("\n") == 1, result.stderr
+    assert result.stderr.startswith(f"error: {step}: its output in {run} was made with ")
+    assert key in result.stderr
+    assert result.stderr.endswith(
+        f"give the recorded value, use a new workdir, or force={step} to redo {step} and the "
+        "steps after it\n"
+    )
+    assert state(run) == before, "a refused command writes nothing"
+
+
+def test_force_redoes_the_step_and_what_follows_and_keeps_what_it_replaces(run):
+    before = summary(run)
+    result = cli(f"workdir={run}", "model.hidden_size=128", "force=train")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "already complete: tokenizer, tokenize, verify, index\n" in result.stderr
+    assert "train is redone (force)" in result.stderr and "resumed from" not in result.stderr
+    [replaced] = (run / "replaced").iterdir()
+    assert (replaced / "checkpoints" / "iter_0000020").is_dir()
+    assert json.loads((replaced / "summary.json").read_text()) == before
+    assert summary(run)["test_ppl"] != before["test_ppl"]
+    again = cli(f"workdir={run}")  # the new model is the run's now
+    assert "already complete: tokenizer, tokenize, verify, index, train, evaluate" in again.stderr
+
+
+def test_an_evaluation_alone_reads_the_split_the_data_was_made_with(run):
+    before = summary(run)
+    (run / "eval" / "DONE.json").unlink()
+    alone = cli(f"workdir={run}", "stages=[evaluate]")
+    assert alone.returncode == 0, alone.stderr[-3000:]
+    after = summary(run)
+    assert (after["test_ppl"], after["test_tokens"]) == (before["test_ppl"], before["test_tokens"])
+    assert "split: 80,10,10" in (run / "config.yaml").read_text()
+    resplit = cli(f"workdir={run}", "stages=[evaluate]", "data.split='90,5,5'")
+    assert resplit.returncode == 2
+    assert (
+        "error: verify: its output" in resplit.stderr
+        and "(with tokenize in stages)" in resplit.stderr
+    )
+    assert summary(run) == after
+
+
+def test_a_continued_training_drops_the_evaluation_of_the_earlier_model_from_the_summary(run):
+    result = cli(f"workdir={run}", "stages=[train]", "train.steps=30")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert summary(run)["train_steps"] == 30 and "test_ppl" not in summary(run)
+    assert "the evaluation in eval/ is of an earlier training" in (run / "report.md").read_text()
+
+
+def status(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "pipeline.status", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def test_status_says_what_each_step_was_made_from_and_why_one_failed(run, tmp_path):
+    nothing = status(f"workdir={tmp_path / 'nothing'}")
+    assert nothing.returncode == 2 and nothing.stderr.startswith("error: workdir: ")
+    assert "holds no run" in nothing.stderr and nothing.stderr.count("\n") == 1
+    complete = status(f"workdir={run}")
+    assert complete.returncode == 0 and complete.stdout.count(" COMPLETE ") == 6
+    changed = status(f"workdir={run}", "train.lr=0.1")
+    assert changed.returncode == 1
+    assert "train      REFUSED        made with train.lr=0.003 (now 0.1)" in changed.stdout
+    for folder in (run / "checkpoints").glob("iter_*"):
+        shutil.rmtree(folder)  # the evaluation finds no checkpoint: it fails
+    (run / "eval" / "DONE.json").unlink()
+    assert cli(f"workdir={run}", "stages=[evaluate]").returncode != 0
+    failed = status(f"workdir={run}")
+    assert failed.returncode == 1
+    row = next(line for line in failed.stdout.splitlines() if line.strip().startswith("evaluate"))
+    assert "FAILED" in row and "no valid checkpoint" in row

@@ -1,0 +1,73 @@
+"""What outputs are made from, and what a rerun does with them: the history of a run's
+overrides, the differences named in a refusal, which training changes can continue, and the
+folder of a sweep point."""
+
+from __future__ import annotations
+
+import pytest
+
+from pipeline.config.compose import sweep_point_folder
+from pipeline.core import provenance
+from pipeline.core.steps import Change
+from pipeline.orchestration import history
+from pipeline.training.steps import TRAIN
+from tests.conftest import changed, make_config
+
+
+def test_a_rerun_keeps_the_runs_overrides_but_those_it_gives_again():
+    earlier = ["data.split='98,1,1'", "train.steps=20", "model=gpt-125m", "model.num_layers=2"]
+    given = ["workdir=/runs/a", "stages=[evaluate]", "train.steps=30", "cluster=slurm"]
+    given += ["parallel.tensor=2", "train.device=cpu"]  # where and how: this command's own
+    assert history.combined(earlier, history.settings_overrides(given)) == [
+        "data.split='98,1,1'",
+        "model=gpt-125m",
+        "model.num_layers=2",
+        "train.steps=30",
+    ]
+    # a group given again drops what was set inside it before
+    assert history.combined(earlier, ["model=gpt-350m"]) == [
+        "data.split='98,1,1'",
+        "train.steps=20",
+        "model=gpt-350m",
+    ]
+    assert history.key_of("+eval.extra_sets.code=/data/*.jsonl") == "eval.extra_sets.code"
+    assert history.key_of("~eval.prompts") == "eval.prompts"
+
+
+def test_differences_name_each_key_with_its_recorded_and_new_value():
+    recorded = provenance.made_from({"train.lr": 0.003, "train.steps": 20}, verify="a1")
+    now = provenance.made_from({"train.lr": 0.001, "train.steps": 20}, verify="b2")
+    found = provenance.differences(recorded, now)
+    assert found == [("train.lr", 0.003, 0.001), ("input verify", "a1", "b2")]
+    assert provenance.describe(found[:1]) == "train.lr=0.003 (now 0.001)"
+    assert provenance.fingerprint(recorded) == provenance.fingerprint(dict(recorded))
+    assert provenance.fingerprint(recorded) != provenance.fingerprint(now)
+
+
+@pytest.mark.parametrize(
+    "section,values,change",
+    [
+        ("train", {"steps": 40}, Change.CONTINUE),
+        ("train", {"steps": 40, "save_interval": 5, "eval_interval": 5}, Change.CONTINUE),
+        ("train", {"micro_batch_size": 2}, None),  # the same training: nothing differs
+        ("train", {"steps": 10}, Change.REFUSE),
+        ("train", {"steps": 40, "lr": 1e-3}, Change.REFUSE),
+        ("train", {"eval_samples": 32}, Change.REFUSE),
+        ("model", {"num_layers": 2}, Change.REFUSE),
+    ],
+)
+def test_a_training_continues_only_for_more_steps_or_other_intervals(
+    tmp_path, section, values, change
+):
+    cfg = make_config(tmp_path, "train.steps=20", "train.warmup_steps=2")
+    recorded, now = TRAIN.made_from(cfg), TRAIN.made_from(changed(cfg, section, **values))
+    if change is None:
+        assert recorded == now
+    else:
+        assert TRAIN.change(recorded, now) is change
+
+
+def test_a_sweep_point_is_named_by_its_overrides():
+    one = sweep_point_folder("train.lr=0.001,workdir=/runs/base")
+    assert one == sweep_point_folder("train.lr=0.001,workdir=/runs/base")
+    assert one != sweep_point_folder("train.lr=0.003,workdir=/runs/base")
