@@ -24,7 +24,6 @@ from pipeline.core.paths import RunPaths
 COMMAND_KEYS = ("workdir", "stages", "dry_run", "force", "cluster", "parallel", "hydra")
 COMMAND_SETTINGS = ("train.device",)
 DATA_KEYS = ("data", "tokenizer")  # settled by the run that holds the data (data.prepared)
-GROUPS = ("data", "tokenizer", "model", "train", "eval", "cluster")  # conf/ folders
 
 
 def key_of(override: str) -> str:
@@ -63,17 +62,11 @@ def data_overrides(prepared: str | Path | None) -> list[str]:
 
 
 def combined(earlier: list[str], given: list[str]) -> list[str]:
-    """`earlier` overrides, less those `given` sets again (a group given again drops the
-    earlier overrides inside it: model=gpt-350m forgets an earlier model.hidden_size), then
-    `given`."""
+    """`earlier` overrides, less those `given` sets again, then `given`. A group given again
+    (model=gpt-350m) keeps the values set inside it before (model.hidden_size=1024), as
+    replaying the earlier command lines would: give those again to change them."""
     again = {key_of(o) for o in given}
-    groups = {k for k in again if k in GROUPS}
-    kept = [
-        o
-        for o in earlier
-        if key_of(o) not in again and not any(key_of(o).startswith(f"{g}.") for g in groups)
-    ]
-    return kept + given
+    return [o for o in earlier if key_of(o) not in again] + given
 
 
 def for_run(paths: RunPaths, prepared: str | None, given: list[str]) -> list[str]:

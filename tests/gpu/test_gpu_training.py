@@ -184,7 +184,8 @@ def test_a_gpu_checkpoint_evaluates_on_the_cpu(bf16_run, tmp_path):
 
 def test_a_tensor_parallel_cpu_checkpoint_evaluates_on_the_gpu(data_dir, tmp_path):
     """Written by two CPU ranks at parallel.tensor=2 without Transformer Engine, read by one
-    GPU with Transformer Engine layers in bf16: the same test loss as on the CPU."""
+    GPU with Transformer Engine layers in the precision it was trained in (the run keeps its
+    train.precision=fp32): the same test loss as on the CPU."""
     run = with_data(data_dir, tmp_path / "cpu-tp2")
     cpu = ["train.device=cpu", "train.precision=fp32", "cluster.gpus_per_node=0"]
     two_ranks = ["parallel.tensor=2", "cluster.executor=subprocess", "cluster.tasks_per_node=2"]

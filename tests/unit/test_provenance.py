@@ -24,10 +24,11 @@ def test_a_rerun_keeps_the_runs_overrides_but_those_it_gives_again():
         "model.num_layers=2",
         "train.steps=30",
     ]
-    # a group given again drops what was set inside it before
+    # a group given again keeps what was set inside it before, as a replay would
     assert history.combined(earlier, ["model=gpt-350m"]) == [
         "data.split='98,1,1'",
         "train.steps=20",
+        "model.num_layers=2",
         "model=gpt-350m",
     ]
     assert history.key_of("+eval.extra_sets.code=/data/*.jsonl") == "eval.extra_sets.code"
