@@ -105,10 +105,12 @@ def _forced(cfg: PipelineConfig, running: set[str]) -> set[str]:
     if not cfg.force:
         return set()
     names = [step.name for step in graph.ALL_STEPS]
+    if cfg.force not in names:
+        raise ConfigError(f"force: {cfg.force!r} is not a step (the steps: {', '.join(names)})")
     if cfg.force not in running:
         raise ConfigError(
-            f"force: {cfg.force!r} is not a step of stages={list(cfg.stages)} (they have "
-            f"{', '.join(n for n in names if n in running)}); add its stage to stages"
+            f"force: {cfg.force} is not run by stages={list(cfg.stages)}; add "
+            f"{graph.stage_of(cfg.force)} to stages"
         )
     return set(names[names.index(cfg.force) :])
 

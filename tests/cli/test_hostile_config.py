@@ -46,6 +46,8 @@ INVALID = [
     ("cluster.partition='gpu\nrm -rf ~'", "cluster.partition"),
     ("+cluster.sbatch_extra.comment='x\nrm -rf ~'", "cluster.sbatch_extra.comment"),
     ("+cluster.sbatch_extra.exclusive=false", "cluster.sbatch_extra.exclusive"),
+    ("force=trian", "force"),
+    ("train.eval_iters=4", "train.eval_iters"),
 ]
 
 
