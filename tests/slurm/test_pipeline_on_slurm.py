@@ -105,9 +105,11 @@ def test_a_failed_step_cancels_the_steps_after_it(slurm_cluster, tmp_path):
 @pytest.mark.timeout(1800)
 def test_training_requeues_itself_across_time_limits_and_finishes(slurm_cluster, tmp_path):
     workdir = tmp_path / "run"
-    # An idle 2-core machine trains about 130 steps in a 1-minute window (40 s before the
-    # signal, less start-up): 300 steps need at least three windows, a loaded machine more.
-    steps = 300
+    # The first 1-minute window leaves about 25 s to train after start-up (about 50 steps on
+    # an idle 2-core machine); the local cluster signalled each requeued job about 17 s after
+    # it started again, so later windows train for a few seconds each: 120 steps take several
+    # windows, a loaded machine more.
+    steps = 120
     pipeline(
         "cluster=slurm",
         f"workdir={workdir}",
@@ -117,8 +119,8 @@ def test_training_requeues_itself_across_time_limits_and_finishes(slurm_cluster,
         "cluster.time_limit=00:01:00",
         "train.exit_signal_lead_s=20",
         f"train.steps={steps}",
-        "train.save_interval=50",
-        "train.eval_interval=50",
+        "train.save_interval=40",
+        "train.eval_interval=40",
         "train.max_requeues=50",  # a loaded machine makes each window short
     )
     states = wait_for(workdir, 1700)
