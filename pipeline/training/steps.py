@@ -42,8 +42,15 @@ NOT_SETTINGS = (
     "eval_samples",  # as validation samples, below
     "eval_iters",
 )
-# Changed, these let a finished or interrupted training go on (train.steps only upwards).
-CONTINUABLE = {"train.steps", "train.eval_interval", "train.save_interval", "train.keep_last"}
+# Changed, these let a finished or interrupted training go on (train.steps only upwards): they
+# decide what comes next, not what was trained.
+CONTINUABLE = {
+    "train.steps",
+    "train.eval_interval",
+    "train.save_interval",
+    "train.keep_last",
+    "train.nonfinite",
+}
 
 
 class TrainStep:

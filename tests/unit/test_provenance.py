@@ -50,6 +50,7 @@ def test_differences_name_each_key_with_its_recorded_and_new_value():
     [
         ("train", {"steps": 40}, Change.CONTINUE),
         ("train", {"steps": 40, "save_interval": 5, "eval_interval": 5}, Change.CONTINUE),
+        ("train", {"nonfinite": "stop"}, Change.CONTINUE),
         ("train", {"micro_batch_size": 2}, None),  # the same training: nothing differs
         ("train", {"steps": 10}, Change.REFUSE),
         ("train", {"steps": 40, "lr": 1e-3}, Change.REFUSE),
