@@ -14,13 +14,9 @@ the code is laid out" has the exact table):
 
 import warnings
 
-from pipeline import legacy
-
-__version__ = "0.2.0"
+__version__ = "0.3.0"
 
 # megatron-core warns at import, in every process, that optional accelerators are absent;
 # the backends say what they use instead.
 warnings.filterwarnings("ignore", message=r".*(Apex|Transformer Engine).*not installed.*")
 warnings.filterwarnings("ignore", message=r"full scope is deprecated")
-
-legacy.install()  # jobs queued by 0.1 still load (see pipeline.legacy)

@@ -8,16 +8,19 @@ and tests that need a config without the command line; `read` loads a run's save
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import os
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
 from pipeline.config import derived
-from pipeline.config.schema import PipelineConfig
+from pipeline.config.schema import PipelineConfig, SourceConfig
 from pipeline.config.validate import validate
+from pipeline.core.errors import ConfigError
 
 CONF = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(__file__))), "conf")
 
@@ -46,8 +49,40 @@ def recompose(overrides: list[str]) -> DictConfig:
 
 
 def typed(composed: DictConfig) -> PipelineConfig:
-    """The composed config as a PipelineConfig, interpolations resolved; not validated."""
-    return OmegaConf.to_object(composed)
+    """The composed config as a PipelineConfig, interpolations resolved, data.sources as
+    SourceConfig; not validated. A value left ??? is a ConfigError (OmegaConf would fill a
+    list's default in silently)."""
+    missing = sorted(OmegaConf.missing_keys(composed))
+    if missing:
+        raise ConfigError(f"{missing[0]}: needs a value (it is ??? in the config)")
+    cfg = OmegaConf.to_object(composed)
+    cfg.data.sources = {name: source(name, value) for name, value in cfg.data.sources.items()}
+    return cfg
+
+
+def source(name: str, value: Any) -> SourceConfig:
+    """One entry of data.sources as a SourceConfig, every key and type checked: the schema
+    leaves the entries untyped, as OmegaConf cannot add typed ones from the command line
+    (+data.sources.NAME={...})."""
+    key = f"data.sources.{name}"
+    if isinstance(value, SourceConfig):
+        return value
+    if not isinstance(value, dict):
+        raise ConfigError(f"{key}: give {{inputs: [GLOB, ...], weight: W}}, not {value!r}")
+    known = [f.name for f in dataclasses.fields(SourceConfig)]
+    for unknown in sorted(set(value) - set(known)):
+        raise ConfigError(f"{key}.{unknown}: not a setting of a source ({', '.join(known)})")
+    inputs = value.get("inputs", [])
+    inputs = [inputs] if isinstance(inputs, str) else inputs
+    if not isinstance(inputs, list) or not all(isinstance(p, str) for p in inputs):
+        raise ConfigError(f"{key}.inputs: give a list of globs, not {inputs!r}")
+    weight = value.get("weight", 1.0)
+    if isinstance(weight, bool) or not isinstance(weight, (int, float)):
+        raise ConfigError(f"{key}.weight: give a number, not {weight!r}")
+    text_key = value.get("text_key")
+    if text_key is not None and not isinstance(text_key, str):
+        raise ConfigError(f"{key}.text_key: give a string, not {text_key!r}")
+    return SourceConfig(list(inputs), text_key, float(weight))
 
 
 def load(

@@ -17,14 +17,33 @@ STAGES = ("tokenize", "train", "evaluate")
 
 
 @dataclass
+class SourceConfig:
+    """One source of a data mixture (data.sources.NAME)."""
+
+    inputs: list[str] = field(default_factory=list)  # JSONL / JSONL.gz globs
+    text_key: str | None = None  # None: data.text_key
+    weight: float = 1.0  # share of the training samples drawn from it, relative to the others
+
+
+@dataclass
 class DataConfig:
-    # JSONL / JSONL.gz globs; empty: the built-in corpus
-    inputs: list[str] = field(default_factory=list)
+    # JSONL / JSONL.gz globs of a corpus of one source; empty (and no sources): the built-in
+    # one. Each data group sets it, so that one that leaves it ??? is refused, not defaulted.
+    inputs: list[str] = MISSING
+    # A weighted mixture instead: name -> SourceConfig (inputs, text key, sampling weight).
+    # Untyped here, as OmegaConf cannot add typed entries from the command line
+    # (+data.sources.NAME={inputs:[GLOB],weight:W}); pipeline.config.compose checks each.
+    sources: dict[str, Any] = field(default_factory=dict)
     prepared: str | None = None  # a run folder whose tokenize stage is complete: reuse its data
     text_key: str = "text"
     num_shards: int = 4
-    merge_into: int | None = None  # after tokenizing, concatenate the shards into this many files
-    split: str = "90,5,5"  # train, validation, test: documents, by weight
+    merge_into: int | None = None  # after tokenizing, concatenate each split's files into this many
+    # train, validation, test: each document's share, decided by a seeded hash of its text
+    split: str = "90,5,5"
+    split_seed: int = 1234
+    dedup: str = "none"  # none | exact: documents of the same text kept once in the whole corpus
+    # The plan warns when the training token budget repeats a source more often than this
+    warn_epochs: float = 4.0
     strict: bool = False  # stop at the first bad record instead of counting it
     max_document_bytes: int = 64 * 1024 * 1024
     builtin_corpus_bytes: int = 4_000_000

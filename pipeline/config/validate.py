@@ -115,33 +115,71 @@ def _validate_eval(cfg: PipelineConfig) -> None:
     for name, pattern in e.extra_sets.items():
         key = f"eval.extra_sets.{name}"
         _require(re.fullmatch(r"[\w.-]+", name) is not None, key, "name a set with [A-Za-z0-9_.-]")
-        _require(name != "test", key, "'test' is the held-out split's own name")
+        _require(not name.startswith("test"), key, "'test...' names the held-out split's sets")
         matches = [p for p in glob.glob(os.path.expanduser(str(pattern))) if os.path.isfile(p)]
         _require(bool(matches), key, f"{pattern!r} matches no file")
         for path in matches:
             _require(os.access(path, os.R_OK), key, f"{path} is not readable")
 
 
+def _readable_files(pattern: str, key: str) -> list[str]:
+    """The files a glob of `key` names; none, or one that cannot be read, is a ConfigError."""
+    matches = [p for p in glob.glob(os.path.expanduser(pattern)) if os.path.isfile(p)]
+    _require(bool(matches), key, f"{pattern!r} matches no file")
+    for path in matches:
+        _require(os.access(path, os.R_OK), key, f"{path} is not readable")
+    return [os.path.abspath(p) for p in matches]
+
+
+def _validate_sources(cfg: PipelineConfig) -> None:
+    d = cfg.data
+    _require(
+        not (d.inputs and d.sources), "data.inputs", "give data.inputs or data.sources, not both"
+    )
+    owner: dict[str, str] = {}
+    for name, source in d.sources.items():
+        key = f"data.sources.{name}"
+        _require(
+            re.fullmatch(r"[a-z0-9][a-z0-9_-]{0,63}", name) is not None,
+            key,
+            "name a source with lower-case letters, digits, _ and - (it names files and metrics)",
+        )
+        _require(math.isfinite(source.weight) and source.weight > 0, f"{key}.weight", "must be > 0")
+        _require(source.text_key != "", f"{key}.text_key", "must not be empty")
+        if "tokenize" not in cfg.stages:
+            continue  # the data is tokenized: its inputs are not read again
+        _require(bool(source.inputs), f"{key}.inputs", "needs at least one glob")
+        for pattern in source.inputs:
+            for path in _readable_files(str(pattern), f"{key}.inputs"):
+                other = owner.setdefault(path, name)
+                _require(other == name, f"{key}.inputs", f"{path} is in data.sources.{other} too")
+
+
 def _validate_data(cfg: PipelineConfig) -> None:
     d = cfg.data
     _require(d.num_shards >= 1, "data.num_shards", "must be at least 1")
     _require(bool(d.text_key), "data.text_key", "must not be empty")
+    _one_of(cfg, "data.dedup", ("none", "exact"))
+    _require(d.warn_epochs > 0, "data.warn_epochs", "must be > 0")
     if d.prepared:
         manifest = os.path.join(os.path.expanduser(d.prepared), "data", "manifest.json")
         _require(os.path.isfile(manifest), "data.prepared", f"{manifest} does not exist")
         _require("tokenize" not in cfg.stages, "stages", "drop tokenize when data.prepared is set")
+    _validate_sources(cfg)
     if "tokenize" in cfg.stages:
         for pattern in d.inputs:
-            matches = glob.glob(os.path.expanduser(pattern))
-            _require(bool(matches), "data.inputs", f"{pattern!r} matches no file")
-            for path in matches:
-                _require(os.access(path, os.R_OK), "data.inputs", f"{path} is not readable")
+            _readable_files(pattern, "data.inputs")
     try:
         weights = [float(x) for x in d.split.split(",")]
     except ValueError:
         raise ConfigError(f"data.split: {d.split!r} is not three comma-separated numbers") from None
-    _require(len(weights) == 3 and min(weights) >= 0, "data.split", "needs 3 weights >= 0")
+    _require(
+        len(weights) == 3 and all(math.isfinite(w) and w >= 0 for w in weights),
+        "data.split",
+        "needs 3 weights >= 0",
+    )
     _require(weights[0] > 0, "data.split", "the training weight must be positive")
+    _require(weights[1] > 0 or "train" not in cfg.stages, "data.split", "needs a validation share")
     _require(weights[2] > 0 or "evaluate" not in cfg.stages, "data.split", "needs a test share")
 
 

@@ -87,15 +87,24 @@ class RunPaths:
     def shard_plan(self) -> Path:
         return self.data_dir / "plan.json"
 
-    def shard_prefix(self, index: int) -> Path:
-        return self.data_dir / f"shard-{index:05d}"
-
     def shard_marker(self, index: int) -> Path:
         return self.data_dir / f"shard-{index:05d}.done.json"
 
-    def merged_prefix(self, index: int) -> Path:
-        """data.merge_into: the shards concatenated into fewer files."""
-        return self.data_dir / f"merged-{index:05d}"
+    def split_dir(self, split: str, source: str) -> Path:
+        """The indexed datasets of one split of one source: data/<split>/<source>/."""
+        return self.data_dir / split / source
+
+    def shard_prefix(self, index: int, split: str, source: str) -> Path:
+        """What shard `index` holds of one split of one source (.bin, .idx, .digests)."""
+        return self.split_dir(split, source) / f"shard-{index:05d}"
+
+    def dedup_prefix(self, index: int, split: str, source: str) -> Path:
+        """data.dedup=exact: a shard's file without the documents seen earlier in the corpus."""
+        return self.split_dir(split, source) / f"dedup-{index:05d}"
+
+    def merged_prefix(self, index: int, split: str, source: str) -> Path:
+        """data.merge_into: one split of one source concatenated into fewer files."""
+        return self.split_dir(split, source) / f"merged-{index:05d}"
 
     def shard_rejects(self, index: int) -> Path:
         return self.data_dir / "rejects" / f"shard-{index:05d}.jsonl"

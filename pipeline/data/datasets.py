@@ -1,21 +1,21 @@
-"""Megatron's data loader over the tokenized shards: GPTDataset splits through
-BlendedMegatronDatasetBuilder, and a resumable micro-batch sampler.
+"""Megatron's data loader over the tokenized data: GPTDataset through
+BlendedMegatronDatasetBuilder over the training files of every source, sampled by the sources'
+weights, and a resumable micro-batch sampler.
 
-Train and validation come from one weighted blend of the shards (weights: training tokens per
-shard). The test split's documents (`splits.split_bounds`), exactly those no training step saw,
-are read in order by the evaluation (pipeline.data.evalsets), not through GPTDataset.
+The validation and test splits are files of their own (pipeline.data.splits); evaluation and
+validation read them in order (pipeline.data.evalsets), not through GPTDataset.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Iterator
-from dataclasses import dataclass
 
 from pipeline.config import PipelineConfig
-from pipeline.config.derived import validation_samples
 from pipeline.core import files
+from pipeline.core.errors import ConfigError
 from pipeline.core.paths import RunPaths
+from pipeline.data import shards, sources
 from pipeline.data.splits import check_splits
 from pipeline.runtime import distributed
 
@@ -34,22 +34,34 @@ class VocabInfo:
         return -1  # no padding token: GPTDataset then uses its own sentinel
 
 
-@dataclass(frozen=True)
-class Sizes:
-    """Samples each split must provide over the whole run."""
-
-    train: int
-    validation: int
-
-    @classmethod
-    def of(cls, cfg: PipelineConfig) -> Sizes:
-        t = cfg.train
-        return cls(t.steps * t.global_batch_size, validation_samples(cfg))
-
-
 def load_manifest(paths: RunPaths) -> dict:
-    """data/manifest.json, which the verify step writes last."""
+    """data/manifest.json, which the verify step writes last; data of an earlier format is
+    refused."""
+    shards.refuse_earlier_format(paths)
     return files.read_json(paths.manifest)
+
+
+def check_sources(cfg: PipelineConfig, manifest: dict) -> None:
+    """The sources the config weighs are those the data holds."""
+    named = [s.name for s in sources.of(cfg.data)]
+    held = list(manifest["sources"])
+    if sorted(named) != sorted(held):
+        raise ConfigError(
+            f"data.sources: the tokenized data holds {', '.join(held)}, the config names "
+            f"{', '.join(named)}; name the same sources (their weights may differ)"
+        )
+
+
+def needed_splits(cfg: PipelineConfig) -> tuple[str, ...]:
+    """The splits the configured stages read."""
+    needed = ("train", "validation") if "train" in cfg.stages else ()
+    return needed + (("test",) if "evaluate" in cfg.stages else ())
+
+
+def check_data(cfg: PipelineConfig, manifest: dict) -> None:
+    """What the stages read is there: the sources the config weighs, each split big enough."""
+    check_sources(cfg, manifest)
+    check_splits(manifest, cfg.model.seq_length, needed_splits(cfg))
 
 
 def vocab_size(cfg: PipelineConfig) -> tuple[int, str]:
@@ -58,23 +70,37 @@ def vocab_size(cfg: PipelineConfig) -> tuple[int, str]:
     for run in (cfg.workdir, cfg.data.prepared):
         if run and RunPaths.of(run).manifest.exists():
             manifest = RunPaths.of(run).manifest
-            return int(load_manifest(RunPaths.of(run))["vocab_size"]), str(manifest)
+            return int(files.read_json(manifest)["vocab_size"]), str(manifest)
     return int(cfg.tokenizer.vocab_size), "tokenizer.vocab_size"
+
+
+def train_samples(cfg: PipelineConfig) -> int:
+    """Sequences the training run draws over all its steps."""
+    return cfg.train.steps * cfg.train.global_batch_size
+
+
+def train_blend(cfg: PipelineConfig, manifest: dict) -> tuple[list[str], list[float]]:
+    """Every training file with its sampling weight: its source's weight, shared among the
+    source's files by their tokens."""
+    root = RunPaths.of(cfg.workdir).root
+    prefixes, weights = [], []
+    for name, share in sources.weights(cfg.data).items():
+        own = manifest["sources"][name]["files"]["train"]
+        tokens = sum(f["tokens"] for f in own)
+        for f in own:
+            prefixes.append(str(root / f["prefix"]))
+            weights.append(share * f["tokens"] / tokens)
+    return prefixes, weights
 
 
 def _config(cfg: PipelineConfig, manifest: dict):
     from megatron.core.datasets.gpt_dataset import GPTDatasetConfig
 
-    paths = RunPaths.of(cfg.workdir)
-    shards = manifest["shards"]
-    prefixes = [str(paths.root / s["prefix"]) for s in shards]
-    weights = [float(s["split_tokens"]["train"]) for s in shards]
     return GPTDatasetConfig(
         random_seed=cfg.train.seed,
         sequence_length=cfg.model.seq_length,
-        blend=(prefixes, weights),
-        split=manifest["split"],  # as the data was split, which the manifest records
-        path_to_cache=str(paths.index_cache),
+        blend_per_split=[train_blend(cfg, manifest), None, None],  # only train: files of its own
+        path_to_cache=str(RunPaths.of(cfg.workdir).index_cache),
         tokenizer=VocabInfo(manifest["vocab_size"], manifest["eod_id"]),
         reset_position_ids=False,
         reset_attention_mask=False,
@@ -84,45 +110,21 @@ def _config(cfg: PipelineConfig, manifest: dict):
     )
 
 
-def _build(cfg: PipelineConfig, manifest: dict, sizes: list[int]):
+def train_dataset(cfg: PipelineConfig, manifest: dict | None = None):
+    """The training dataset, sized for the whole run."""
     from megatron.core.datasets.blended_megatron_dataset_builder import (
         BlendedMegatronDatasetBuilder,
     )
     from megatron.core.datasets.gpt_dataset import GPTDataset
 
-    check_splits(manifest, cfg.model.seq_length)
+    manifest = manifest or load_manifest(RunPaths.of(cfg.workdir))
+    check_sources(cfg, manifest)
+    check_splits(manifest, cfg.model.seq_length, ("train",))
     logging.getLogger("megatron.core.datasets").setLevel(logging.WARNING)
+    sizes = [train_samples(cfg), 0, 0]
     builder = BlendedMegatronDatasetBuilder(GPTDataset, sizes, lambda: True, _config(cfg, manifest))
     with distributed.group_for_this_call():  # the blended dataset asks for a rank even alone
-        return builder.build()
-
-
-def train_valid_datasets(cfg: PipelineConfig, manifest: dict | None = None):
-    """The training and validation datasets, sized for the whole run."""
-    sizes = Sizes.of(cfg)
-    manifest = manifest or load_manifest(RunPaths.of(cfg.workdir))
-    train, valid, _ = _build(cfg, manifest, [sizes.train, sizes.validation, 0])
-    return train, valid
-
-
-class FirstSamples:
-    """The first `count` samples of a dataset, padded with fully masked samples to a multiple
-    of `multiple` (micro-batch x data-parallel size): every rank runs whole micro-batches, and
-    the loss counts exactly those `count` samples, whatever the micro-batch size."""
-
-    def __init__(self, dataset, count: int, multiple: int) -> None:
-        self.dataset, self.count = dataset, count
-        self.length = -(-count // multiple) * multiple
-
-    def __len__(self) -> int:
-        return self.length
-
-    def __getitem__(self, index: int) -> dict:
-        if index < self.count:
-            return self.dataset[index]
-        sample = dict(self.dataset[0])
-        sample["loss_mask"] = sample["loss_mask"] * 0
-        return sample
+        return builder.build()[0]
 
 
 class MicroBatchSampler:

@@ -1,12 +1,14 @@
-"""What evaluation measures its loss on: documents in order, as one token stream cut into
-windows, every token after the first predicted exactly once.
+"""What validation and evaluation measure their loss on: documents in order, as one token
+stream cut into windows, every token after the first predicted at most once.
 
-The test split is each shard's test documents (the bounds megatron-core's split gives them,
-`splits.split_bounds`), shard after shard; an extra set is a JSONL file tokenized at evaluation
-time with the run's tokenizer, with the bad-record handling of the tokenize stage. Window k
-holds stream tokens [k*s, k*s + s + 1) for s = model.seq_length: inputs and their next-token
-labels, as GPTDataset cuts sequences but unshuffled and keeping the short last window
-(padded, its padding masked out). Anyone can recompute the loss from the documents alone.
+A source's validation or test split is its files of that split (pipeline.data.splits), in
+corpus order; an extra set is a JSONL file tokenized at evaluation time with the run's
+tokenizer, with the bad-record handling of the tokenize stage. Window k holds stream tokens
+[k*s, k*s + s + 1) for s = model.seq_length: inputs and their next-token labels, as GPTDataset
+cuts sequences but unshuffled. Evaluation reads every window, keeping the short last one
+(padded, its padding masked out); validation reads train.eval_samples whole windows spread
+evenly over the stream, the same ones at every validation and whatever the sharding. Anyone
+can recompute the loss from the documents alone.
 """
 
 from __future__ import annotations
@@ -20,9 +22,10 @@ import numpy as np
 import torch
 
 from pipeline.config import PipelineConfig
+from pipeline.config.derived import validation_samples
 from pipeline.core.paths import RunPaths
+from pipeline.data import sources
 from pipeline.data.records import Span
-from pipeline.data.splits import split_bounds
 from pipeline.data.tokenize import tokenize_spans
 
 
@@ -37,18 +40,35 @@ class EvalSet:
 
 class Windows(torch.utils.data.Dataset):
     """Sequences `first..end` of megatron-core IndexedDatasets, laid end to end, as windows of
-    seq_length inputs; the length is padded to a multiple of `multiple` with fully masked
-    windows, so that every data-parallel rank runs whole micro-batches and no token is lost."""
+    seq_length inputs: all of them, or `picks` whole windows spread evenly over the stream. The
+    length is padded to a multiple of `multiple` with fully masked windows, so that every
+    data-parallel rank runs whole micro-batches and no token is lost."""
 
-    def __init__(self, parts: list[tuple], seq_length: int, pad_id: int, multiple: int = 1):
+    def __init__(
+        self,
+        parts: list[tuple],
+        seq_length: int,
+        pad_id: int,
+        multiple: int = 1,
+        picks: int | None = None,
+    ):
         self.parts = parts  # (IndexedDataset, first sequence, end sequence)
         self.seq_length, self.pad = seq_length, pad_id
-        lengths = np.concatenate([ds.sequence_lengths[a:b] for ds, a, b in parts])
-        self.part_of = np.concatenate([np.full(b - a, i) for i, (_, a, b) in enumerate(parts)])
-        self.sequence = np.concatenate([np.arange(a, b) for _, a, b in parts])
+        empty = np.zeros(0, dtype=np.int64)
+        lengths = np.concatenate([empty, *(ds.sequence_lengths[a:b] for ds, a, b in parts)])
+        self.part_of = np.concatenate(
+            [empty, *(np.full(b - a, i) for i, (_, a, b) in enumerate(parts))]
+        )
+        self.sequence = np.concatenate([empty, *(np.arange(a, b) for _, a, b in parts)])
         self.ends = np.cumsum(lengths, dtype=np.int64)
         self.tokens = int(self.ends[-1]) if len(self.ends) else 0
-        self.windows = -(-(self.tokens - 1) // seq_length) if self.tokens > 1 else 0
+        if picks is None:
+            self.starts = np.arange(0, max(self.tokens - 1, 0), seq_length)
+        else:  # whole windows only, evenly spaced: from window 0 to the last whole one
+            whole = max(self.tokens - 1, 0) // seq_length
+            chosen = min(picks, whole)
+            self.starts = (np.arange(chosen) * whole // max(chosen, 1)) * seq_length
+        self.windows = len(self.starts)
         self.length = -(-self.windows // multiple) * multiple
 
     def __len__(self) -> int:
@@ -71,8 +91,9 @@ class Windows(torch.utils.data.Dataset):
         labels = torch.full((self.seq_length,), self.pad, dtype=torch.long)
         loss_mask = torch.zeros(self.seq_length)
         if k < self.windows:
+            start = int(self.starts[k])
             text = torch.from_numpy(
-                self._read(k * self.seq_length, min((k + 1) * self.seq_length + 1, self.tokens))
+                self._read(start, min(start + self.seq_length + 1, self.tokens))
             )
             n = len(text) - 1
             tokens[:n], labels[:n], loss_mask[:n] = text[:-1], text[1:], 1.0
@@ -90,18 +111,49 @@ def _indexed(prefix: str | Path):
     return IndexedDataset(str(prefix), mmap=True)
 
 
-def test_split(cfg: PipelineConfig, manifest: dict, multiple: int) -> EvalSet:
-    """Every shard's test documents, in order."""
+def held_out(cfg: PipelineConfig, manifest: dict, split: str, source: str) -> tuple[list, int]:
+    """The (IndexedDataset, first, end) parts of one split of one source, in corpus order, and
+    how many documents they hold."""
     root = RunPaths.of(cfg.workdir).root
     parts, documents = [], 0
-    for shard in manifest["shards"]:
-        ds = _indexed(root / shard["prefix"])
-        doc_index = ds.document_indices
-        begin, end = split_bounds(len(doc_index) - 1, manifest["split"])[2]
-        parts.append((ds, int(doc_index[begin]), int(doc_index[end])))
-        documents += end - begin
-    windows = Windows(parts, cfg.model.seq_length, manifest["eod_id"], multiple)
-    return EvalSet("test", windows, documents)
+    for f in manifest["sources"][source]["files"][split]:
+        ds = _indexed(root / f["prefix"])
+        parts.append((ds, 0, len(ds)))
+        documents += f["documents"]
+    return parts, documents
+
+
+def set_name(split: str, source: str, manifest: dict) -> str:
+    """ "test" for a corpus of one source, "test/web" for source web of a mixture."""
+    return split if len(manifest["sources"]) == 1 else f"{split}/{source}"
+
+
+def test_sets(cfg: PipelineConfig, manifest: dict, multiple: int) -> list[EvalSet]:
+    """Each source's test split, every window."""
+    found = []
+    for source in manifest["sources"]:
+        parts, documents = held_out(cfg, manifest, "test", source)
+        windows = Windows(parts, cfg.model.seq_length, manifest["eod_id"], multiple)
+        found.append(EvalSet(set_name("test", source, manifest), windows, documents))
+    return found
+
+
+def validation_sets(cfg: PipelineConfig, manifest: dict, multiple: int) -> dict[str, Windows]:
+    """Each source's validation windows, by source name: train.eval_samples of them (or as
+    many whole windows as its split holds)."""
+    found = {}
+    for source in manifest["sources"]:
+        parts, _ = held_out(cfg, manifest, "validation", source)
+        found[source] = Windows(
+            parts, cfg.model.seq_length, manifest["eod_id"], multiple, validation_samples(cfg)
+        )
+    return found
+
+
+def mixture_loss(losses: dict[str, float], cfg: PipelineConfig) -> float:
+    """The loss of the training mixture: each source's loss weighted by its sampling weight."""
+    weights = sources.weights(cfg.data)
+    return sum(weights[name] * loss for name, loss in losses.items())
 
 
 def set_files(pattern: str) -> list[str]:

@@ -1,8 +1,8 @@
-"""The train stage's first step, a CPU job: build megatron-core's GPTDataset index cache
-(document, sample and shuffle indices) for this run's splits, so the GPU job finds it ready
-instead of building it while the GPUs wait.
+"""The train stage's first step, a CPU job: check that the data holds what the stages read, then
+build megatron-core's GPTDataset index cache (document, sample and shuffle indices) for this
+run's training blend, so the GPU job finds it ready instead of building it while the GPUs wait.
 
-The cache depends on the training config (sequence length, seed, samples per split), so it
+The cache depends on the training config (sequence length, seed, samples, source weights), so it
 belongs to the run, not to the tokenized data: sweep points sharing one data folder each get
 their own. The marker records what it was made from; a changed config rebuilds it.
 megatron-core writes the cache files in place and trusts any it finds, so a build that was
@@ -19,18 +19,17 @@ from typing import TypedDict
 from pipeline.config import PipelineConfig
 from pipeline.core import files, provenance
 from pipeline.core.paths import RunPaths
-from pipeline.data import datasets
+from pipeline.data import datasets, mixture, sources
 
 
 def settings(cfg: PipelineConfig) -> dict:
-    """What the cache depends on besides the data (whose shards and split the verify step's
-    fingerprint stands for): the sequence length, the seed and the samples each split needs."""
-    sizes = datasets.Sizes.of(cfg)
+    """What the cache depends on besides the data (which the verify step's fingerprint stands
+    for): the sequence length, the seed, the samples training draws and the sources' weights."""
     return {
         "model.seq_length": cfg.model.seq_length,
         "train.seed": cfg.train.seed,
-        "train samples": sizes.train,
-        "validation samples": sizes.validation,
+        "train samples": datasets.train_samples(cfg),
+        "data.sources weights": sources.weights(cfg.data),
     }
 
 
@@ -47,19 +46,18 @@ def build(cfg: PipelineConfig, made_from: dict) -> IndexRecord:
     """Build the cache from scratch (a folder without a marker is not trusted)."""
     paths = RunPaths.of(cfg.workdir)
     started = time.time()
-    files.remove_tree(paths.index_cache, paths.root)  # no marker: nothing in it is trusted
     manifest = datasets.load_manifest(paths)
-    train, valid = datasets.train_valid_datasets(cfg, manifest)
+    datasets.check_data(cfg, manifest)
+    files.remove_tree(paths.index_cache, paths.root)  # no marker: nothing in it is trusted
+    for line in mixture.epoch_lines(cfg, mixture.train_tokens(manifest)):
+        print(line, file=sys.stderr)
+    train = datasets.train_dataset(cfg, manifest)
     marker: IndexRecord = {
         "made_from": made_from,
         "fingerprint": provenance.fingerprint(made_from),
-        "samples": {"train": len(train), "validation": len(valid)},
+        "samples": {"train": len(train)},
         "seconds": round(time.time() - started, 2),
     }
     files.write_json(paths.index_done, marker)
-    print(
-        f"index cache: {len(train)} train, {len(valid)} validation samples "
-        f"in {marker['seconds']:.1f} s",
-        file=sys.stderr,
-    )
+    print(f"index cache: {len(train)} train samples in {marker['seconds']:.1f} s", file=sys.stderr)
     return marker

@@ -22,6 +22,7 @@ MAGIC = b"MMIDIDX\x00\x00"
 DTYPES = {1: np.uint8, 2: np.int8, 3: np.int16, 4: np.int32, 5: np.int64, 6: np.float64,
           7: np.float32, 8: np.uint16}  # fmt: skip
 _HEADER = struct.Struct("<QBQQ")  # version, dtype code, sequences, document indices
+COPY_BLOCK = 1 << 24
 
 
 class CorruptIndex(ValueError):
@@ -89,11 +90,60 @@ class ShardWriter:
     def finalize(self, idx_path: str) -> None:
         self.bin.close()
         lengths = np.frombuffer(self.lengths, dtype=np.int32)
-        pointers = np.zeros(len(lengths), dtype=np.int64)
-        np.cumsum(lengths[:-1], dtype=np.int64, out=pointers[1:])
-        with open(idx_path, "wb") as f:
-            f.write(MAGIC)
-            f.write(_HEADER.pack(1, self.dtype_code, len(lengths), len(self.document_indices)))
-            f.write(lengths.tobytes())
-            f.write((pointers * self.itemsize).tobytes())
-            f.write(np.frombuffer(self.document_indices, dtype=np.int64).tobytes())
+        documents = np.frombuffer(self.document_indices, dtype=np.int64)
+        write_index(idx_path, DTYPES[self.dtype_code], lengths, documents)
+
+
+def write_index(idx_path: str, dtype: type, lengths: np.ndarray, document_indices: np.ndarray):
+    """The .idx of sequences of `lengths` tokens laid end to end in the .bin."""
+    code = next(c for c, t in DTYPES.items() if t is dtype)
+    pointers = np.zeros(len(lengths), dtype=np.int64)
+    np.cumsum(lengths[:-1], dtype=np.int64, out=pointers[1:])
+    with open(idx_path, "wb") as f:
+        f.write(MAGIC)
+        f.write(_HEADER.pack(1, code, len(lengths), len(document_indices)))
+        f.write(np.asarray(lengths, dtype=np.int32).tobytes())
+        f.write((pointers * np.dtype(dtype).itemsize).tobytes())
+        f.write(np.asarray(document_indices, dtype=np.int64).tobytes())
+
+
+def copy_sequences(source: str, target: str, keep: np.ndarray | None = None) -> None:
+    """Write TARGET.bin/.idx with the sequences of SOURCE whose `keep` is true (all if None),
+    one document each, in order, as megatron-core's builder would write them."""
+    index = read_index(f"{source}.idx")
+    itemsize = np.dtype(index.dtype).itemsize
+    kept = np.arange(len(index.sequence_lengths)) if keep is None else np.flatnonzero(keep)
+    with open(f"{source}.bin", "rb") as src, open(f"{target}.bin", "wb") as out:
+        for run in np.split(kept, np.flatnonzero(np.diff(kept) != 1) + 1):  # consecutive runs
+            if not len(run):
+                continue
+            first, last = int(run[0]), int(run[-1])
+            start = int(index.sequence_pointers[first])
+            end = int(index.sequence_pointers[last]) + int(index.sequence_lengths[last]) * itemsize
+            src.seek(start)
+            while start < end:
+                block = src.read(min(end - start, COPY_BLOCK))
+                out.write(block)
+                start += len(block)
+    lengths = index.sequence_lengths[kept]
+    write_index(f"{target}.idx", index.dtype, lengths, np.arange(len(lengths) + 1))
+
+
+def concatenate(sources: list[str], target: str) -> None:
+    """Write TARGET.bin/.idx holding the indexed datasets SOURCES one after another (what
+    megatron-core's IndexedDatasetBuilder.add_index writes), without reading them into memory."""
+    import shutil
+
+    lengths, documents, dtype, count = [], [np.zeros(1, dtype=np.int64)], None, 0
+    with open(f"{target}.bin", "wb") as out:
+        for source in sources:
+            index = read_index(f"{source}.idx")
+            if dtype is not None and index.dtype is not dtype:
+                raise ValueError(f"{source}: token type {index.dtype}, the others {dtype}")
+            dtype = index.dtype
+            documents.append(index.document_indices[1:] + count)
+            lengths.append(index.sequence_lengths)
+            count += len(index.sequence_lengths)
+            with open(f"{source}.bin", "rb") as src:
+                shutil.copyfileobj(src, out, COPY_BLOCK)
+    write_index(f"{target}.idx", dtype, np.concatenate(lengths), np.concatenate(documents))

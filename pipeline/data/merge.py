@@ -1,45 +1,32 @@
-"""data.merge_into=N: the verified shards concatenated into N files with megatron-core's
-builder, for filesystems that prefer few large files to many small ones."""
+"""data.merge_into=N: each split of each source concatenated into N files, for filesystems that
+prefer few large files to many small ones (the bytes megatron-core's builder would write)."""
 
 from __future__ import annotations
 
-from collections import Counter
+from pathlib import Path
 
 from pipeline.core import files
 from pipeline.core.paths import RunPaths
-from pipeline.data.splits import split_tokens
+from pipeline.data.indexed import concatenate
 
 
-def merge(paths: RunPaths, tokenized: list[dict], groups: int, split: str) -> list[dict]:
-    """Concatenate consecutive shards into `groups` files with megatron-core's builder, each
+def merge(paths: RunPaths, entries: list[dict], groups: int, split: str, source: str) -> list[dict]:
+    """Concatenate consecutive files of one split of one source into `groups` files, each
     written under a temporary name and renamed when whole."""
-    from megatron.core.datasets.indexed_dataset import IndexedDataset, IndexedDatasetBuilder
-
     merged = []
-    bounds = [round(len(tokenized) * g / groups) for g in range(groups + 1)]
+    bounds = [round(len(entries) * g / groups) for g in range(groups + 1)]
     for g in range(groups):
-        members = tokenized[bounds[g] : bounds[g + 1]]
-        target = paths.merged_prefix(g)
-        partial = f"{target}.partial"
-        first = IndexedDataset(str(paths.root / members[0]["prefix"]), mmap=True)
-        builder = IndexedDatasetBuilder(f"{partial}.bin", dtype=first.index.dtype)
-        del first
-        for member in members:
-            builder.add_index(str(paths.root / member["prefix"]))
-        builder.finalize(f"{partial}.idx")
+        members = entries[bounds[g] : bounds[g + 1]]
+        target = paths.merged_prefix(g, split, source)
+        partial = Path(f"{target}.partial")
+        concatenate([str(paths.root / m["prefix"]) for m in members], str(partial))
         files.publish(partial, target, (".bin", ".idx"))
-        rejected: Counter = Counter()
-        for member in members:
-            rejected.update(member["rejected"])
         merged.append(
             {
+                "source": source,
                 "prefix": str(target.relative_to(paths.root)),
-                "split_tokens": split_tokens(str(target), split),
-                **{
-                    k: sum(m[k] for m in members)
-                    for k in ("documents", "tokens", "bytes_in", "seconds")
-                },
-                "rejected": dict(rejected),
+                "documents": sum(m["documents"] for m in members),
+                "tokens": sum(m["tokens"] for m in members),
                 "merged_from": [m["prefix"] for m in members],
             }
         )

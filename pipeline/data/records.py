@@ -24,6 +24,7 @@ class Span:
     path: str
     start: int = 0
     end: int | None = None  # None: to the end of the file
+    source: str | None = None  # the corpus source the file belongs to (pipeline.data.sources)
 
 
 @dataclass(frozen=True)
@@ -124,6 +125,10 @@ def _parse(raw: bytes, text_key: str) -> str | tuple[str, str]:
         return "text_not_string", type(text).__name__
     if not text:
         return "empty_text", ""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:  # JSON allows escaped lone surrogates; UTF-8 does not
+        return "invalid_unicode", str(e)
     return text
 
 

@@ -1,59 +1,60 @@
-"""Train, validation and test splits of the tokenized shards, as megatron-core draws them.
-
-megatron-core splits each indexed dataset by documents, in order, with the weights of
-data.split; `split_bounds` rounds exactly as its BlendedMegatronDatasetBuilder does, so the
-evaluation reads as its test split the very documents no training step saw.
+"""Which split (train, validation, test) each document belongs to: decided by the document
+alone, from a seeded hash of its text, with the weights of data.split. The same documents are
+held out whatever data.num_shards, the order of the files or how they are cut into byte ranges,
+and copies of one text always fall in the same split.
 """
 
 from __future__ import annotations
 
-import re
-
-import numpy as np
+import bisect
+import hashlib
 
 from pipeline.core.errors import ConfigError
-from pipeline.data.indexed import read_index
 
 SPLITS = ("train", "validation", "test")
+DIGEST_BYTES = 16  # of a document's text: the key of exact deduplication
 
 
-def split_bounds(num_documents: int, split: str) -> list[tuple[int, int]]:
-    """Document ranges of train/validation/test, rounded exactly as megatron-core's
-    BlendedMegatronDatasetBuilder rounds them (weights normalized, cumulative bookends)."""
-    weights = [float(w) for w in re.findall(r"[.0-9]+", split)]
-    weights += [0.0] * (len(SPLITS) - len(weights))
-    total = float(np.sum(np.array(weights, dtype=np.float64)))
-    ends = np.cumsum([0.0, *(np.array(weights, dtype=np.float64) / total).tolist()]).tolist()
-    bounds = []
-    for begin, end in zip(ends[:-1], ends[1:], strict=True):
-        if end <= begin:  # an empty split
-            bounds.append((0, 0))
-        else:
-            bounds.append((int(round(begin * num_documents)), int(round(end * num_documents))))
-    return bounds
+def shares(split: str) -> list[float]:
+    """data.split ("90,5,5") as three shares summing to 1."""
+    weights = [float(w) for w in split.split(",")]
+    total = sum(weights)
+    return [w / total for w in weights]
 
 
-def split_tokens(prefix: str, split: str) -> dict[str, int]:
-    """Tokens in each split of one shard. megatron-core splits documents, not sequences: an
-    empty document has no sequence, so document d's sequences are doc_index[d]..doc_index[d+1]."""
-    index = read_index(f"{prefix}.idx")
-    ends = np.concatenate([[0], np.cumsum(index.sequence_lengths, dtype=np.int64)])
-    doc_index = index.document_indices
-    return {
-        name: int(ends[doc_index[end]] - ends[doc_index[beg]])
-        for name, (beg, end) in zip(SPLITS, split_bounds(len(doc_index) - 1, split), strict=True)
-    }
+def digest(text: str) -> bytes:
+    """A document's identity: equal texts, equal digests (and, at 128 bits, only those)."""
+    return hashlib.blake2b(text.encode("utf-8"), digest_size=DIGEST_BYTES).digest()
 
 
-def check_splits(manifest: dict, seq_length: int) -> None:
-    """Refuse train or validation splits too small to give one sample: megatron-core would
-    loop forever on them."""
+class Splitter:
+    """Assigns a document, by its digest, to a split: a keyed hash of the digest read as a
+    number in [0, 2**64) falls into one of three ranges sized by data.split."""
+
+    def __init__(self, split: str, seed: int) -> None:
+        train, validation, _ = shares(split)
+        self.bounds = [round(2**64 * train), round(2**64 * (train + validation))]
+        self.key = seed.to_bytes(16, "little", signed=True)
+
+    def index(self, document_digest: bytes) -> int:
+        """0, 1 or 2: the position of the document's split in SPLITS."""
+        value = hashlib.blake2b(document_digest, digest_size=8, key=self.key).digest()
+        return bisect.bisect_right(self.bounds, int.from_bytes(value, "little"))
+
+
+def check_splits(manifest: dict, seq_length: int, needed: tuple[str, ...]) -> None:
+    """Refuse a split that a stage reads but that is too small to give one sequence of every
+    source: megatron-core would loop forever on an empty one, and a loss over a few tokens says
+    nothing."""
     need = seq_length + 1
-    for shard in manifest["shards"]:
-        for name, tokens in shard["split_tokens"].items():
-            if name != "test" and tokens < need:
+    many = len(manifest["sources"]) > 1
+    for name, source in manifest["sources"].items():
+        for split in needed:
+            tokens = source["split_tokens"][split]
+            if tokens < need:
+                of = f" of source {name}" if many else ""
                 raise ConfigError(
-                    f"data.split: the {name} split of {shard['prefix']} has {tokens} tokens, "
-                    f"fewer than one sequence of model.seq_length+1={need}; use fewer "
-                    f"data.num_shards, a larger {name} share, or more data"
+                    f"data.split: the {split} split{of} has {tokens} tokens, fewer than one "
+                    f"sequence of model.seq_length+1={need}; give {split} a larger share of "
+                    f"data.split={manifest['split']!r}, or more data"
                 )

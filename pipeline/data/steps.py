@@ -20,7 +20,7 @@ from pipeline.core import files, provenance
 from pipeline.core.paths import RunPaths
 from pipeline.core.provenance import MadeFrom
 from pipeline.core.steps import Change, Placement
-from pipeline.data import index_cache, shards, tokenize, tokenizer, verify
+from pipeline.data import index_cache, shards, sources, tokenize, tokenizer, verify
 
 
 def data_paths(cfg: PipelineConfig) -> RunPaths:
@@ -67,9 +67,12 @@ class TokenizeStep:
 
     def made_from(self, cfg: PipelineConfig) -> MadeFrom:
         paths = data_paths(cfg)
+        d = cfg.data
         settings = {
-            **shards.corpus_settings(paths, cfg.data),
-            "data.num_shards": cfg.data.num_shards,
+            **sources.corpus_settings(paths, d),
+            "data.num_shards": d.num_shards,
+            "data.split": d.split,  # each document's split is decided as it is written
+            "data.split_seed": d.split_seed,
         }
         made = TOKENIZER.made_from(cfg)
         return provenance.made_from(settings, tokenizer=provenance.fingerprint(made))
@@ -115,7 +118,7 @@ class VerifyStep:
 
     def made_from(self, cfg: PipelineConfig) -> MadeFrom:
         d = cfg.data
-        settings = {"data.split": d.split, "data.merge_into": d.merge_into}
+        settings = {"data.dedup": d.dedup, "data.merge_into": d.merge_into}
         return provenance.made_from(
             settings, tokenize=provenance.fingerprint(TOKENIZE.made_from(cfg))
         )
@@ -124,14 +127,15 @@ class VerifyStep:
         return _recorded(files.read_json_or_none(data_paths(cfg).manifest))
 
     def change(self, recorded: MadeFrom, now: MadeFrom) -> Change:
-        return Change.REFUSE  # the split decides which documents are held out
+        return Change.REFUSE  # deduplication decides which documents are read
 
     def is_complete(self, cfg: PipelineConfig) -> bool:
         return self.recorded(cfg) == self.made_from(cfg)
 
     def outputs(self, cfg: PipelineConfig) -> list[Path]:
         paths = RunPaths.of(cfg.workdir)
-        return [paths.manifest, *sorted(paths.data_dir.glob("merged-*"))]
+        made = [p for kind in ("dedup", "merged") for p in paths.data_dir.glob(f"*/*/{kind}-*")]
+        return [paths.manifest, *sorted(made)]
 
     def run(self, cfg: PipelineConfig) -> verify.Manifest:
         if self.is_complete(cfg):

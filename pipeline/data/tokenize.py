@@ -1,10 +1,11 @@
-"""Tokenize one shard of the corpus into a Megatron indexed dataset (.bin/.idx).
+"""Tokenize one shard of the corpus into Megatron indexed datasets (.bin/.idx), one for each
+split of each source (pipeline.data.split_files).
 
 Byte-compatible with Megatron-LM's tools/preprocess_data.py (GPTSentencePieceTokenizer,
 --append-eod): one sequence per document, the end-of-document id appended, in the bytes that
-megatron-core's IndexedDatasetBuilder writes, in the smallest dtype for the vocabulary. Outputs
-appear under their final names only when complete, followed by a marker with counts and
-checksums. Reading and parsing, encoding (one batch per thread) and writing overlap, so the
+megatron-core's IndexedDatasetBuilder writes, in the smallest dtype for the vocabulary; a file
+holds its documents in input order. Outputs appear under their final names only when complete,
+followed by a marker with counts by source and checksums. Reading and parsing, encoding (one batch per thread) and writing overlap, so the
 cores stay busy in sentencepiece: see docs/benchmarks.md.
 """
 
@@ -16,22 +17,24 @@ import queue
 import sys
 import threading
 import time
-from collections import Counter, deque
+from collections import Counter, defaultdict, deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypedDict
 
 from pipeline.config import DataConfig, PipelineConfig
 from pipeline.core import files, provenance
-from pipeline.core.errors import OutOfSpace
 from pipeline.core.paths import RunPaths
-from pipeline.data import corpus, shards
-from pipeline.data.indexed import ShardWriter
+from pipeline.data import corpus, shards, sources
 from pipeline.data.records import BadRecord, Document, Reject, Span, read
+from pipeline.data.split_files import FileRecord, OneFile, SplitFiles
+from pipeline.data.splits import Splitter, digest
 from pipeline.data.tokenizer import load
 
 BATCH_BYTES = 1 << 20  # text per encode call: large enough to keep sentencepiece's threads busy
+EMPTY = digest("")
 
 
 def is_shard_complete(paths: RunPaths, index: int, fingerprint: str) -> bool:
@@ -40,25 +43,45 @@ def is_shard_complete(paths: RunPaths, index: int, fingerprint: str) -> bool:
     marker = files.read_json_or_none(paths.shard_marker(index))
     if marker is None or marker.get("fingerprint") != fingerprint:
         return False
-    prefix = paths.shard_prefix(index)
     return all(
-        os.path.exists(f"{prefix}{ext}") and os.path.getsize(f"{prefix}{ext}") == marker[key]
+        os.path.exists(paths.root / f"{record['prefix']}{ext}")
+        and os.path.getsize(paths.root / f"{record['prefix']}{ext}") == record[key]
+        for by_split in marker["files"].values()
+        for record in by_split.values()
         for ext, key in ((".bin", "bin_bytes"), (".idx", "idx_bytes"))
     )
 
 
-def _batches(spans: list[Span], data: DataConfig) -> Iterator[list[Document | Reject]]:
-    batch: list[Document | Reject] = []
-    size = 0
+@dataclass
+class Batch:
+    """Documents and rejects of one source, in file order, with the digest of each document
+    (and of the empty text of an empty_text reject), computed while the last batch encodes."""
+
+    source: str | None
+    items: list[Document | Reject]
+    digests: list[bytes | None]
+    text_bytes: int = 0
+
+
+def _batches(spans: list[Span], data: DataConfig, text_keys: dict) -> Iterator[Batch]:
+    batch = Batch(None, [], [])
     for span in spans:
-        for item in read(span, data.text_key, data.max_document_bytes):
-            batch.append(item)
-            if isinstance(item, Document):
-                size += item.source_bytes
-            if size >= BATCH_BYTES:
+        if span.source != batch.source:
+            if batch.items:
                 yield batch
-                batch, size = [], 0
-    if batch:
+            batch = Batch(span.source, [], [])
+        key = text_keys.get(span.source, data.text_key)
+        for item in read(span, key, data.max_document_bytes):
+            batch.items.append(item)
+            if isinstance(item, Document):
+                batch.digests.append(digest(item.text))
+                batch.text_bytes += item.source_bytes
+            else:
+                batch.digests.append(EMPTY if item.reason == "empty_text" else None)
+            if batch.text_bytes >= BATCH_BYTES:
+                yield batch
+                batch = Batch(span.source, [], [])
+    if batch.items:
         yield batch
 
 
@@ -82,14 +105,14 @@ def _prefetched(it: Iterator, depth: int = 2) -> Iterator:
         yield item
 
 
-def _encoded(batches: Iterator[list], sp, threads: int) -> Iterator[tuple[list, list[list[int]]]]:
+def _encoded(batches: Iterator[Batch], sp, threads: int) -> Iterator[tuple[Batch, list[list[int]]]]:
     """(batch, token ids of its documents), in input order. Each thread encodes whole batches
     (sentencepiece releases the GIL), so a long document holds up one thread, not all of them,
     and the cores keep encoding while this thread writes; a few batches in flight bound memory."""
     with ThreadPoolExecutor(threads, thread_name_prefix="encode") as pool:
         pending: deque = deque()
         for batch in batches:
-            texts = [item.text for item in batch if isinstance(item, Document)]
+            texts = [item.text for item in batch.items if isinstance(item, Document)]
             pending.append((batch, pool.submit(sp.encode, texts, num_threads=1)))
             if len(pending) > 2 * threads:
                 head, future = pending.popleft()
@@ -99,9 +122,12 @@ def _encoded(batches: Iterator[list], sp, threads: int) -> Iterator[tuple[list, 
             yield head, future.result()
 
 
+Sink = SplitFiles | OneFile
+
+
 def _write_batch(
-    writer: ShardWriter,
-    batch: list[Document | Reject],
+    sink: Sink,
+    batch: Batch,
     encoded: list[list[int]],
     eod: int,
     strict: bool,
@@ -109,22 +135,17 @@ def _write_batch(
     rejected: Counter,
     log: Callable[[Reject], None],
 ) -> None:
-    """Write one encoded batch in input order (as preprocess_data.py does); count everything."""
-    run: list[list[int]] = []  # consecutive documents, written together
-
-    def flush() -> None:
-        if run:
-            stats["tokens"] += writer.add_documents(run, eod)
-            stats["documents"] += len(run)
-            run.clear()
-
+    """Write one encoded batch, each document to its file in input order (as preprocess_data.py
+    does); count everything."""
     next_ids = iter(encoded)
-    for item in batch:
+    for item, text_digest in zip(batch.items, batch.digests, strict=True):
         if isinstance(item, Document):
             ids = next(next_ids)
             stats["bytes_in"] += item.source_bytes
             if ids:
-                run.append(ids)
+                sink.route(batch.source, text_digest).add(ids, text_digest)
+                stats["documents"] += 1
+                stats["tokens"] += len(ids) + 1  # and the end-of-document token
                 continue
             stats["no_tokens"] += 1  # text that encodes to nothing: an empty document
         elif strict:
@@ -132,17 +153,64 @@ def _write_batch(
         else:
             rejected[item.reason] += 1
             log(item)
-        flush()
-        if isinstance(item, Document) or item.reason == "empty_text":
-            # preprocess_data.py writes an empty document (no sequence) for these
-            writer.end_document()
-    flush()
+        if text_digest is not None:  # preprocess_data.py writes an empty document for these
+            sink.route(batch.source, text_digest).end_document(eod)
+    sink.flush(eod)
 
 
 def _max_rss_mb() -> float:
     import resource
 
     return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)  # Linux: KiB
+
+
+@dataclass
+class Counts:
+    """What a tokenize task read, by source: documents, tokens and bytes, bad records by
+    reason."""
+
+    stats: dict[str | None, Counter] = field(default_factory=lambda: defaultdict(Counter))
+    rejected: dict[str | None, Counter] = field(default_factory=lambda: defaultdict(Counter))
+
+    def total(self, name: str) -> int:
+        return sum(c[name] for c in self.stats.values())
+
+
+def encode_spans(
+    data: DataConfig,
+    threads: int,
+    spans: list[Span],
+    sp,
+    sink: Sink,
+    rejects_file: Path,
+    desc: str,
+) -> Counts:
+    """Tokenize `spans` into `sink` on `threads` threads. Bad records are counted by reason and
+    logged to `rejects_file` (data.strict: the first one stops the run)."""
+    from tqdm import tqdm
+
+    threads = max(1, threads)
+    text_keys = {s.name: s.text_key for s in sources.of(data)}
+    counts = Counts()
+    started = time.time()
+    progress = tqdm(
+        desc=desc, unit=" docs", file=sys.stderr, mininterval=5, disable=None, dynamic_ncols=True
+    )
+    with files.atomic_path(rejects_file) as rej_tmp, open(rej_tmp, "w") as rej_out:
+
+        def log(item: Reject) -> None:
+            rej_out.write(json.dumps(item.__dict__) + "\n")
+
+        batches = _prefetched(_batches(spans, data, text_keys))
+        for batch, encoded in _encoded(batches, sp, threads):
+            stats, rejected = counts.stats[batch.source], counts.rejected[batch.source]
+            documents = stats["documents"]
+            _write_batch(sink, batch, encoded, sp.eos_id(), data.strict, stats, rejected, log)
+            progress.update(stats["documents"] - documents)
+            tokens = counts.total("tokens")
+            progress.set_postfix(tok_per_s=f"{tokens / (time.time() - started):.3g}")
+    progress.close()
+    return counts
 
 
 def tokenize_spans(
@@ -154,53 +222,41 @@ def tokenize_spans(
     rejects_file: Path,
     desc: str,
 ) -> tuple[Counter, Counter]:
-    """Tokenize `spans` into PREFIX.bin/.idx on `threads` threads, published under those names
-    only when whole. Bad records are counted by reason and logged to `rejects_file`
-    (data.strict: the first one stops the run). Returns (counts, rejects by reason)."""
-    from tqdm import tqdm
-
-    threads = max(1, threads)
-    partial = Path(f"{prefix}.partial")
-    writer = ShardWriter(f"{partial}.bin", sp.vocab_size())
-    stats: Counter = Counter()
-    rejected: Counter = Counter()
-    started = time.time()
-    progress = tqdm(
-        desc=desc, unit=" docs", file=sys.stderr, mininterval=5, disable=None, dynamic_ncols=True
-    )
-    with files.atomic_path(rejects_file) as rej_tmp, open(rej_tmp, "w") as rej_out:
-
-        def log(item: Reject) -> None:
-            rej_out.write(json.dumps(item.__dict__) + "\n")
-
-        for batch, encoded in _encoded(_prefetched(_batches(spans, data)), sp, threads):
-            documents = stats["documents"]
-            _write_batch(writer, batch, encoded, sp.eos_id(), data.strict, stats, rejected, log)
-            progress.update(stats["documents"] - documents)
-            progress.set_postfix(tok_per_s=f"{stats['tokens'] / (time.time() - started):.3g}")
-    progress.close()
-    writer.finalize(f"{partial}.idx")
-    files.publish(partial, prefix, (".bin", ".idx"))
+    """Tokenize `spans` into one PREFIX.bin/.idx, published under those names only when whole.
+    Returns (counts, rejects by reason)."""
+    sink = OneFile(prefix, sp.vocab_size())
+    counts = encode_spans(data, threads, spans, sp, sink, rejects_file, desc)
+    sink.publish(prefix.parent)
+    stats: Counter = sum(counts.stats.values(), Counter())
+    rejected: Counter = sum(counts.rejected.values(), Counter())
     return stats, rejected
+
+
+class SourceCounts(TypedDict):
+    """What a shard read of one source."""
+
+    documents: int  # with at least one token, so a sequence each
+    no_token_documents: int
+    tokens: int
+    bytes_in: int
+    rejected: dict[str, int]
 
 
 class ShardRecord(TypedDict):
     """data/shard-NNNNN.done.json: what a shard holds and how it was made."""
 
+    format: int  # of the data folder (pipeline.data.shards.FORMAT)
     made_from: dict  # the settings and tokenizer it depends on (pipeline.core.provenance)
     fingerprint: str
     shard: int
-    spans: list  # [path, start byte, end byte or None]
+    spans: list  # [source, path, start byte, end byte or None]
+    sources: dict[str, SourceCounts]
+    files: dict[str, dict[str, FileRecord]]  # source -> split -> its indexed dataset
     documents: int
-    no_token_documents: int
     tokens: int
     bytes_in: int
     rejected: dict[str, int]
     rejects_file: str
-    bin_bytes: int
-    idx_bytes: int
-    bin_sha256: str
-    idx_sha256: str
     vocab_size: int
     seconds: float
     max_rss_mb: float
@@ -210,37 +266,52 @@ def tokenize_shard(
     cfg: PipelineConfig, index: int, spans: list[Span], made_from: dict
 ) -> ShardRecord:
     paths = RunPaths.of(cfg.workdir)
-    prefix = paths.shard_prefix(index)
     sp = load(paths.tokenizer_model)
     started = time.time()
     rejects_file = paths.shard_rejects(index)
-    threads = cfg.cluster.cpus_per_task
-    stats, rejected = tokenize_spans(
-        cfg.data, threads, spans, sp, prefix, rejects_file, f"shard {index}"
-    )
+    names = list(dict.fromkeys(span.source for span in spans))
+    splitter = Splitter(cfg.data.split, cfg.data.split_seed)
+    sink = SplitFiles(paths, index, names, sp.vocab_size(), splitter)
+    try:
+        counts = encode_spans(
+            cfg.data, cfg.cluster.cpus_per_task, spans, sp, sink, rejects_file, f"shard {index}"
+        )
+        published = sink.publish()
+    except BaseException:
+        sink.remove_partial()
+        raise
+    per_source: dict[str, SourceCounts] = {
+        name: {
+            "documents": counts.stats[name]["documents"],
+            "no_token_documents": counts.stats[name]["no_tokens"],
+            "tokens": counts.stats[name]["tokens"],
+            "bytes_in": counts.stats[name]["bytes_in"],
+            "rejected": dict(counts.rejected[name]),
+        }
+        for name in names
+    }
+    rejected: Counter = sum(counts.rejected.values(), Counter())
     marker: ShardRecord = {
+        "format": shards.FORMAT,
         "made_from": made_from,
         "fingerprint": provenance.fingerprint(made_from),
         "shard": index,
-        "spans": [[s.path, s.start, s.end] for s in spans],
-        "documents": stats["documents"],
-        "no_token_documents": stats["no_tokens"],
-        "tokens": stats["tokens"],
-        "bytes_in": stats["bytes_in"],
+        "spans": [[s.source, s.path, s.start, s.end] for s in spans],
+        "sources": per_source,
+        "files": published,
+        "documents": counts.total("documents"),
+        "tokens": counts.total("tokens"),
+        "bytes_in": counts.total("bytes_in"),
         "rejected": dict(rejected),
         "rejects_file": str(rejects_file),
-        "bin_bytes": os.path.getsize(f"{prefix}.bin"),
-        "idx_bytes": os.path.getsize(f"{prefix}.idx"),
-        "bin_sha256": files.sha256(f"{prefix}.bin"),
-        "idx_sha256": files.sha256(f"{prefix}.idx"),
         "vocab_size": sp.vocab_size(),
         "seconds": round(time.time() - started, 3),
         "max_rss_mb": _max_rss_mb(),  # of this process: what a task needs (--mem on Slurm)
     }
     files.write_json(paths.shard_marker(index), marker)
-    mb = stats["bytes_in"] / 1e6
+    mb = marker["bytes_in"] / 1e6
     print(
-        f"shard {index}: {stats['documents']} documents, {stats['tokens']} tokens, "
+        f"shard {index}: {marker['documents']} documents, {marker['tokens']} tokens, "
         f"{mb:.1f} MB in {marker['seconds']:.1f} s ({mb / max(marker['seconds'], 1e-9):.2f} MB/s), "
         f"{sum(rejected.values())} rejected, max RSS {marker['max_rss_mb']:.0f} MB",
         file=sys.stderr,
@@ -252,7 +323,7 @@ def prepare(cfg: PipelineConfig) -> None:
     """Before the array is submitted: the built-in corpus (when no data.inputs) and the shard
     plan, which fixes the number of tasks."""
     paths = RunPaths.of(cfg.workdir)
-    if not cfg.data.inputs:
+    if not cfg.data.inputs and not cfg.data.sources:
         corpus.build(paths.builtin_corpus, cfg.data.builtin_corpus_bytes)
     shards.plan(paths, cfg.data)
 
@@ -263,12 +334,6 @@ def run_task(cfg: PipelineConfig, index: int, made_from: dict) -> ShardRecord:
     paths = RunPaths.of(cfg.workdir)
     if is_shard_complete(paths, index, provenance.fingerprint(made_from)):
         return files.read_json(paths.shard_marker(index))
-    prefix = paths.shard_prefix(index)
-    try:
-        with files.reporting_space(f"shard {index} ({prefix})"):
-            spans = shards.plan(paths, cfg.data)[index]
-            return tokenize_shard(cfg, index, spans, made_from)
-    except OutOfSpace:
-        for suffix in (".bin", ".idx"):
-            Path(f"{prefix}.partial{suffix}").unlink(missing_ok=True)
-        raise
+    with files.reporting_space(f"shard {index} ({paths.data_dir})"):
+        spans = shards.plan(paths, cfg.data)[index]
+        return tokenize_shard(cfg, index, spans, made_from)

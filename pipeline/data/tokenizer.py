@@ -18,8 +18,9 @@ from typing import TypedDict
 from pipeline.config import PipelineConfig, TokenizerConfig
 from pipeline.core import files, provenance
 from pipeline.core.paths import RunPaths
-from pipeline.data.records import Document, read
-from pipeline.data.shards import corpus_settings, input_spans
+from pipeline.data import sources
+from pipeline.data.records import Document, Span, read
+from pipeline.data.sources import corpus_settings
 
 
 def load(path: str | Path):
@@ -191,8 +192,10 @@ def provide(cfg: PipelineConfig, made_from: dict) -> TokenizerRecord:
 
 
 def _documents(paths: RunPaths, cfg: PipelineConfig) -> Iterator[str]:
+    """Every document of every source, in corpus order."""
     d = cfg.data
-    for span in input_spans(paths, d):
-        for item in read(span, d.text_key, d.max_document_bytes):
+    text_keys = {s.name: s.text_key for s in sources.of(d)}
+    for name, path in sources.files(paths, d):
+        for item in read(Span(path), text_keys[name], d.max_document_bytes):
             if isinstance(item, Document):
                 yield item.text

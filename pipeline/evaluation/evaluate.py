@@ -17,8 +17,9 @@ import torch
 from pipeline.config import PipelineConfig
 from pipeline.core import files, provenance
 from pipeline.core.paths import RunPaths
-from pipeline.data import evalsets
-from pipeline.data.datasets import load_manifest
+from pipeline.data import evalsets, sources
+from pipeline.data.datasets import check_sources, load_manifest
+from pipeline.data.splits import check_splits
 from pipeline.data.tokenizer import load
 from pipeline.evaluation import harness
 from pipeline.evaluation.generate import continuation
@@ -89,13 +90,30 @@ def _measure(engine, evalset: evalsets.EvalSet, cfg: PipelineConfig) -> dict:
         "documents": evalset.documents,
         "windows": evalset.windows.windows,
     }
-    if evalset.name != "test":
+    if evalset.files:  # an extra set
         result.update(files=evalset.files, rejected=evalset.rejected)
     return result
 
 
+def _measure_test(engine, tests: list[evalsets.EvalSet], cfg: PipelineConfig) -> dict[str, dict]:
+    """The test split of each source and, for a mixture, "test": the sources' losses weighted
+    as training samples them (the loss validation picks the best checkpoint by)."""
+    measured = {s.name: _measure(engine, s, cfg) for s in tests}
+    if len(tests) == 1:
+        return measured
+    by_source = {name.removeprefix("test/"): r["loss"] for name, r in measured.items()}
+    loss = evalsets.mixture_loss(by_source, cfg)
+    overall = {
+        "loss": loss,
+        "ppl": math.exp(loss),
+        **{k: sum(r[k] for r in measured.values()) for k in ("tokens", "documents", "windows")},
+        "weights": sources.weights(cfg.data),
+    }
+    return {"test": overall, **measured}
+
+
 def _every_checkpoint(
-    cfg: PipelineConfig, engine, test: evalsets.EvalSet, best: Path, best_result: dict
+    cfg: PipelineConfig, engine, tests: list[evalsets.EvalSet], best: Path, best_result: dict
 ) -> list[dict]:
     """Test loss of each valid checkpoint kept by retention, by step (the engine ends up holding
     the last one's weights)."""
@@ -107,7 +125,7 @@ def _every_checkpoint(
             continue
         else:
             checkpoint.load(folder, engine.backend, engine.chunks, None)
-            result = _measure(engine, test, cfg)
+            result = _measure_test(engine, tests, cfg)["test"]
         state = files.read_json(folder / "state.json")
         rows.append(
             {
@@ -131,7 +149,7 @@ class EvaluationRecord(TypedDict, total=False):
     test_loss: float
     test_ppl: float
     test_tokens: int
-    sets: dict[str, dict]  # by set name, "test" first
+    sets: dict[str, dict]  # by set name, "test" first (then "test/SOURCE" for a mixture)
     samples: list[dict]
     harness: dict
     checkpoints: list[dict]  # eval.all_checkpoints
@@ -146,6 +164,8 @@ def evaluate(cfg: PipelineConfig, made_from: dict) -> EvaluationRecord:
     paths = RunPaths.of(cfg.workdir)
     started = time.time()
     manifest = load_manifest(paths)
+    check_sources(cfg, manifest)
+    check_splits(manifest, cfg.model.seq_length, ("test",))
     folder = resolve_checkpoint(cfg)
     # the vocabulary as padded for the checkpoint's tensor-parallel size (older saves: ours)
     written = files.read_json(folder / "state.json").get("layout", {})
@@ -153,12 +173,11 @@ def evaluate(cfg: PipelineConfig, made_from: dict) -> EvaluationRecord:
     sp = load(manifest["tokenizer"])
     # whole micro-batches on every data-parallel rank: the sets are padded with masked windows
     multiple = _micro_batch_size(cfg) * engine.dp_size
-    sets = [evalsets.test_split(cfg, manifest, multiple)]
-    sets += [evalsets.extra_set(cfg, name, sp, multiple) for name in cfg.eval.extra_sets]
-    if not sets[0].windows.windows:
-        raise RuntimeError(f"data.split={manifest['split']}: the test split holds no tokens")
+    tests = evalsets.test_sets(cfg, manifest, multiple)
+    extras = [evalsets.extra_set(cfg, name, sp, multiple) for name in cfg.eval.extra_sets]
     step = checkpoint.load(folder, engine.backend, engine.chunks, None)["step"]
-    measured = {s.name: _measure(engine, s, cfg) for s in sets}
+    measured = _measure_test(engine, tests, cfg)
+    measured.update({s.name: _measure(engine, s, cfg) for s in extras})
     test = measured["test"]
     model = engine.chunks[0]
     result: EvaluationRecord = {
@@ -174,7 +193,7 @@ def evaluate(cfg: PipelineConfig, made_from: dict) -> EvaluationRecord:
         "harness": harness.run(cfg, model, sp, engine.device),
     }
     if cfg.eval.all_checkpoints:
-        result["checkpoints"] = _every_checkpoint(cfg, engine, sets[0], folder, test)
+        result["checkpoints"] = _every_checkpoint(cfg, engine, tests, folder, test)
     result["gpus"] = 1 if engine.device.type == "cuda" else 0
     result["checkpoint_layout"] = written
     result["seconds"] = round(time.time() - started, 2)

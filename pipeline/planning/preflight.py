@@ -11,8 +11,8 @@ from pipeline.config import PipelineConfig
 from pipeline.config.derived import slurm_minutes, trains_on_gpu, world_size
 from pipeline.core.errors import ConfigError
 from pipeline.core.paths import RunPaths
-from pipeline.data.datasets import load_manifest
-from pipeline.data.splits import check_splits
+from pipeline.data import shards
+from pipeline.data.datasets import check_data, load_manifest
 from pipeline.model.parameters import parameter_count
 from pipeline.planning.memory import memory_per_gpu
 from pipeline.planning.parallel_layout import ParallelLayout
@@ -28,15 +28,18 @@ SAVE_MARGIN_S = 10.0
 
 def check_stage_inputs(cfg: PipelineConfig) -> None:
     """A stage run alone needs the outputs of the stages before it (tokenized data of its
-    own, or of the run data.prepared names)."""
+    own, or of the run data.prepared names); tokenized data already there must be of this
+    version and hold what the stages read."""
     paths = RunPaths.of(cfg.workdir)
-    if "tokenize" not in cfg.stages:
-        data = RunPaths.of(cfg.data.prepared) if cfg.data.prepared else paths
-        if not data.manifest.exists():
-            raise ConfigError(
-                f"stages: no tokenized data in {data.data_dir}; add tokenize to stages"
-            )
-        check_splits(load_manifest(data), cfg.model.seq_length)
+    data = RunPaths.of(cfg.data.prepared) if cfg.data.prepared else paths
+    if "tokenize" not in cfg.stages and not data.manifest.exists():
+        raise ConfigError(f"stages: no tokenized data in {data.data_dir}; add tokenize to stages")
+    forced = None if cfg.data.prepared else cfg.force  # what force=STEP moves aside
+    if forced not in ("tokenizer", "tokenize"):
+        shards.refuse_earlier_format(data)
+    redone = forced in ("tokenizer", "tokenize", "verify")
+    if data.manifest.exists() and not redone and {"train", "evaluate"} & set(cfg.stages):
+        check_data(cfg, load_manifest(data))
     evaluate_alone = "evaluate" in cfg.stages and "train" not in cfg.stages
     named = str(cfg.eval.checkpoint) in ("best", "latest")
     if evaluate_alone and named and not paths.checkpoints.exists():

@@ -8,7 +8,7 @@ from dataclasses import dataclass, replace
 
 from pipeline.config import PipelineConfig
 from pipeline.config.derived import world_size
-from pipeline.data import datasets
+from pipeline.data import datasets, mixture
 from pipeline.model.flops import flops_per_sequence
 from pipeline.model.parameters import parameter_count, stage_params
 from pipeline.model.sizes import ffn_hidden_size
@@ -66,6 +66,7 @@ def summary_lines(cfg: PipelineConfig, vocab_size: int) -> list[str]:
         f"[plan] memory per {where} ~{gib(memory['total'])} ({parts} GiB) for {layout.describe()}",
         f"[plan] {tokens_per_step(cfg):,} tokens/step x {steps} steps = "
         f"{count(tokens_per_step(cfg) * steps)} tokens",
+        *mixture.plan_lines(cfg),
     ]
 
 
@@ -273,6 +274,7 @@ def plan_lines(cfg: PipelineConfig, options: PlanOptions) -> list[str]:
     lines += _memory_lines(cfg, vocab_size, layout, capacity)
     lines += _activation_table(cfg, layout)
     lines += _time_lines(cfg, vocab_size, layout, options, gpu)
+    lines += [line.removeprefix("[plan] ") for line in mixture.plan_lines(cfg)]
     if options.search:
         gpus = options.gpus or world_size(cfg.cluster)
         per_node = max(1, min(cfg.cluster.gpus_per_node or 8, gpus))

@@ -29,11 +29,17 @@ def save_figure(fig, target: Path) -> Path:
 
 
 def loss_series(metrics: Metrics) -> dict[str, list[tuple[int, int, float]]]:
-    """(step, tokens, loss) of each curve of the loss plot."""
-    return {
+    """(step, tokens, loss) of each curve of the loss plot: train, validation and, for a
+    mixture, the validation loss of each source ("validation/NAME")."""
+    series = {
         "train": [(r["step"], r["tokens"], r["loss"]) for r in metrics.train],
         "validation": [(r["step"], r["tokens"], r["val_loss"]) for r in metrics.validation],
     }
+    names = sorted({k for r in metrics.validation for k in r if k.startswith("val_loss/")})
+    for key in names:
+        name = "validation/" + key.removeprefix("val_loss/")
+        series[name] = [(r["step"], r["tokens"], r[key]) for r in metrics.validation if key in r]
+    return series
 
 
 def plot_losses(paths: RunPaths, metrics: Metrics) -> Path | None:
@@ -48,7 +54,8 @@ def plot_losses(paths: RunPaths, metrics: Metrics) -> Path | None:
     writer.writerows((name, *point) for name, points in series.items() for point in points)
     files.write_text(paths.train_dir / "loss.csv", table.getvalue())
     fig, ax = pyplot().subplots(figsize=(7, 4), dpi=120)
-    for (name, points), style in zip(series.items(), ("-", "o-"), strict=True):
+    for name, points in series.items():
+        style = {"train": "-", "validation": "o-"}.get(name, ".--")  # a source's: dashed
         if points:
             ax.plot([p[1] for p in points], [p[2] for p in points], style, label=name)
     ax.set_xlabel("tokens")

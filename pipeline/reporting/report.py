@@ -42,11 +42,11 @@ def _seconds(s: float | None) -> str:
     return f"{s:,.1f} s" if s < 3600 else f"{s / 3600:,.2f} h"
 
 
-def _data_section(manifest: dict) -> list[tuple]:
+def _data_section(manifest: dict, weights: dict[str, float]) -> list[tuple]:
     total = manifest.get("total", {})
     splits = total.get("split_tokens", {})
     rejected = total.get("rejected", {})
-    return [
+    blocks = [
         ("h2", "Data"),
         _kv(
             [
@@ -56,13 +56,39 @@ def _data_section(manifest: dict) -> list[tuple]:
                     "train / validation / test tokens",
                     " / ".join(str(splits.get(k)) for k in ("train", "validation", "test")),
                 ),
+                (
+                    "split",
+                    f"{manifest.get('split')} by a hash of each document's text "
+                    f"(data.split_seed={manifest.get('split_seed')})",
+                ),
                 ("shards", len(manifest.get("shards", []))),
                 ("rejected records", ", ".join(f"{k}: {v}" for k, v in rejected.items()) or 0),
+                (
+                    "duplicates removed",
+                    f"{total.get('duplicates', {}).get('documents', 0)} documents "
+                    f"(data.dedup={manifest.get('dedup')})",
+                ),
                 ("vocabulary", manifest.get("vocab_size")),
                 ("tokenizer", manifest.get("tokenizer")),
             ]
         ),
     ]
+    described = manifest.get("sources", {})
+    if len(described) > 1:
+        rows = [
+            (
+                name,
+                f"{100 * weights[name]:.1f}%" if name in weights else "-",
+                s["documents"],
+                " / ".join(str(s["split_tokens"][k]) for k in ("train", "validation", "test")),
+                sum(s["rejected"].values()),
+                s["duplicates"]["documents"],
+            )
+            for name, s in described.items()
+        ]
+        header = ("source", "share of samples", "documents", "train / validation / test tokens")
+        blocks.append(("table", (*header, "rejected", "duplicates removed"), rows))
+    return blocks
 
 
 def _training_section(paths: RunPaths, summary: dict, metrics: Metrics) -> list[tuple]:
@@ -71,13 +97,18 @@ def _training_section(paths: RunPaths, summary: dict, metrics: Metrics) -> list[
     plot = plot_losses(paths, metrics)
     if plot:
         series = loss_series(metrics)
+        caption = (
+            f"Loss against tokens seen: train ({len(series['train'])} points) and validation "
+            f"({len(series['validation'])} points)"
+        )
+        sources = [name.split("/", 1)[1] for name in series if name.startswith("validation/")]
+        if sources:
+            caption += (
+                f", the sources' losses weighted by their shares, and each of {', '.join(sources)}"
+            )
         blocks += [
             ("img", plot.relative_to(paths.root), "loss curves"),
-            (
-                "p",
-                f"Loss against tokens seen: train ({len(series['train'])} points) and validation "
-                f"({len(series['validation'])} points); the plotted data is in train/loss.csv.",
-            ),
+            ("p", caption + "; the plotted data is in train/loss.csv."),
         ]
     throughput = plot_throughput(paths, metrics)
     if throughput:
@@ -184,7 +215,7 @@ def job_accounting(paths: RunPaths, evaluation: dict) -> list[tuple[str, float |
     """(step, wall seconds, note) for each step of the graph, from its completion marker."""
     tokenizer = files.read_json_or_none(paths.tokenizer_meta) or {}
     manifest = files.read_json_or_none(paths.manifest) or {}
-    shards = manifest.get("tokenized_shards", [])
+    shards = manifest.get("shards", [])
     index = files.read_json_or_none(paths.index_done) or {}
     train = files.read_json_or_none(paths.train_done) or {}
     return [
@@ -233,8 +264,9 @@ def report_blocks(paths: RunPaths, evaluation: dict) -> list[tuple]:
     manifest = files.read_json_or_none(paths.manifest) or {}
     metrics = read_metrics(paths)
     config = paths.config.read_text() if paths.config.exists() else ""
+    weights = (files.read_json_or_none(paths.train_done) or {}).get("source_weights", {})
     return [
-        *_data_section(manifest),
+        *_data_section(manifest, weights),
         *_training_section(paths, summary, metrics),
         *_results_section(paths, evaluation),
         *_samples_section(evaluation),

@@ -69,6 +69,7 @@ def write_summary(paths: RunPaths, evaluation: dict | None = None) -> dict:
         summary["tokens"] = manifest["total"]["split_tokens"]["train"]
         summary["vocab_size"] = manifest["vocab_size"]
         summary["rejected_records"] = sum(manifest["total"]["rejected"].values())
+        summary["duplicate_documents"] = manifest["total"].get("duplicates", {}).get("documents", 0)
     train = files.read_json_or_none(paths.train_done) or {}
     summary.update({k: train[k] for k in SUMMARY_FROM_TRAIN if k in train})
     summary["resumes"] = len(read_metrics(paths).resumes)

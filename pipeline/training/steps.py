@@ -17,6 +17,7 @@ from pipeline.core import files, provenance
 from pipeline.core.paths import RunPaths
 from pipeline.core.provenance import MadeFrom
 from pipeline.core.steps import Change, Interrupted, Placement
+from pipeline.data import sources
 from pipeline.data.steps import VERIFY
 from pipeline.training import checkpoint_records, signals
 
@@ -62,6 +63,7 @@ class TrainStep:
             **provenance.section(cfg.model, "model"),
             **provenance.section(cfg.train, "train", exclude=NOT_SETTINGS),
             "train.validation_samples": validation_samples(cfg),
+            "data.sources weights": sources.weights(cfg.data),  # what training samples from
         }
         return provenance.made_from(settings, verify=provenance.fingerprint(VERIFY.made_from(cfg)))
 

@@ -14,12 +14,12 @@ from typing import TypedDict
 import torch
 
 from pipeline.config import PipelineConfig, TrainConfig
-from pipeline.config.derived import validation_samples, world_size
+from pipeline.config.derived import world_size
 from pipeline.core import files, provenance
 from pipeline.core.errors import NonFinite
 from pipeline.core.paths import RunPaths
 from pipeline.core.steps import Interrupted
-from pipeline.data import datasets
+from pipeline.data import datasets, evalsets, sources
 from pipeline.model import flops
 from pipeline.reporting.report import write_report
 from pipeline.runtime.gpus import peak_tflops
@@ -38,6 +38,7 @@ class TrainRecord(TypedDict):
     status: str  # "complete"
     train_steps: int
     tokens: int  # in the training split
+    source_weights: dict[str, float]  # each source's share of the training samples
     trained_tokens: int
     vocab_size: int
     first_train_loss: float | None
@@ -195,10 +196,9 @@ class Trainer(Engine):
         self.paths.train_dir.mkdir(parents=True, exist_ok=True)
         self.resume()
         self.metrics.keep_until(self.state.step)
-        train_ds, valid_ds = datasets.train_valid_datasets(cfg, self.manifest)
-        validation = datasets.FirstSamples(  # the same sequences at every validation
-            valid_ds, validation_samples(cfg), t.micro_batch_size * self.dp_size
-        )
+        train_ds = datasets.train_dataset(cfg, self.manifest)
+        # the same sequences at every validation, whole micro-batches on every rank
+        validation = evalsets.validation_sets(cfg, self.manifest, t.micro_batch_size * self.dp_size)
         # before the data-loading workers fork: they inherit the handlers, and a job signal
         # (time-limit warning, preemption) reaches them too, which would otherwise kill them
         stop = StopRequest()
@@ -244,11 +244,7 @@ class Trainer(Engine):
             )
             st.val_loss = None  # the validation loss at this very step, if validated
             if due_save or st.step % t.eval_interval == 0 or st.step == t.steps:
-                st.val_loss, _ = self.loss_over(validation, t.micro_batch_size, None)
-                if st.best_val_loss is None or st.val_loss < st.best_val_loss:
-                    st.best_val_loss = st.val_loss
-                self.metrics.record({"step": st.step, "tokens": st.tokens, "val_loss": st.val_loss})
-                self._log(f"step {st.step}: validation loss {st.val_loss:.4f}")
+                self.validate(validation)
             stopping = stop.agreed(self.device)
             if due_save or stopping:
                 self.save()
@@ -265,6 +261,23 @@ class Trainer(Engine):
         stop.ignore_warnings()
         return result
 
+    def validate(self, validation: dict[str, evalsets.Windows]) -> None:
+        """The validation loss of each source and of the mixture (weighted as training samples
+        them), which decides the best checkpoint."""
+        st, mbs = self.state, self.cfg.train.micro_batch_size
+        losses = {name: self.loss_over(w, mbs, None)[0] for name, w in validation.items()}
+        st.val_loss = evalsets.mixture_loss(losses, self.cfg)
+        if st.best_val_loss is None or st.val_loss < st.best_val_loss:
+            st.best_val_loss = st.val_loss
+        by_source = {f"val_loss/{name}": loss for name, loss in losses.items()}
+        many = len(losses) > 1
+        record = {"step": st.step, "tokens": st.tokens, "val_loss": st.val_loss}
+        self.metrics.record({**record, **(by_source if many else {})})
+        each = ", ".join(f"{name} {loss:.4f}" for name, loss in losses.items())
+        self._log(
+            f"step {st.step}: validation loss {st.val_loss:.4f}" + (f" ({each})" if many else "")
+        )
+
     def _finish(self) -> TrainRecord:
         self._tick()
         st, t, m = self.state, self.cfg.train, self.cfg.model
@@ -278,6 +291,7 @@ class Trainer(Engine):
             "status": "complete",
             "train_steps": st.step,
             "tokens": self.manifest["total"]["split_tokens"]["train"],
+            "source_weights": sources.weights(self.cfg.data),
             "trained_tokens": st.tokens,
             "vocab_size": self.manifest["vocab_size"],
             "first_train_loss": st.first_train_loss,

@@ -19,7 +19,6 @@ import torch.nn.functional as F
 
 from pipeline.core.paths import RunPaths
 from pipeline.data import datasets
-from pipeline.data.splits import split_bounds
 from pipeline.model import dist_checkpoint
 from tests.cli.test_pipeline import pipeline
 from tests.conftest import ROOT, SMALL, make_config
@@ -125,12 +124,10 @@ def test_test_perplexity_recomputed_from_the_test_documents_matches_the_report(r
     cfg, net, _ = fresh_model
     manifest = datasets.load_manifest(RunPaths.of(cfg.workdir))
     pieces = []
-    for shard in manifest["shards"]:
-        ds = IndexedDataset(str(workdir / shard["prefix"]))
-        docs = ds.document_indices
-        begin, end = split_bounds(len(docs) - 1, cfg.data.split)[2]
+    for f in manifest["sources"]["corpus"]["files"]["test"]:
+        ds = IndexedDataset(str(workdir / f["prefix"]))
         # copies: the arrays of a dataset map its file, unmapped when it is collected
-        pieces += [np.array(ds[i]) for i in range(docs[begin], docs[end])]
+        pieces += [np.array(ds[i]) for i in range(len(ds))]
     loss, count = _mean_loss(net, np.concatenate(pieces), cfg.model.seq_length)
     evaluation = _evaluation(workdir)
     assert count == evaluation["test_tokens"] == manifest["total"]["split_tokens"]["test"] - 1

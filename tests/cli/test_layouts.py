@@ -9,10 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.config.derived import validation_samples
 from pipeline.core import files
 from pipeline.core.paths import RunPaths
-from pipeline.data import datasets
+from pipeline.data import datasets, evalsets
 from pipeline.training import checkpoint
 from tests.conftest import SMALL_SERIAL, cli, copy_tokenized, make_config
 
@@ -83,8 +82,8 @@ def test_pipeline_stage_checkpoint_in_one_process_gives_the_stages_validation_lo
     engine = Engine(local, state["layout"]["padded_vocab_size"])
     assert len(engine.chunks) == 1
     checkpoint.load(folder, engine.backend, engine.chunks, None)
-    _, valid = datasets.train_valid_datasets(local)
-    validation = datasets.FirstSamples(valid, validation_samples(local), engine.dp_size)
+    manifest = datasets.load_manifest(RunPaths.of(workdir))
+    [validation] = evalsets.validation_sets(local, manifest, engine.dp_size).values()
     loss, _ = engine.loss_over(validation, cfg.train.micro_batch_size, None)
     assert abs(loss - state["val_loss"]) <= 1e-5 * loss, (loss, state["val_loss"])
 

@@ -73,7 +73,7 @@ def test_more_steps_continue_from_the_last_checkpoint_and_redo_the_evaluation(ru
         ("train.seed=7", "train", "train.seed=1234 (now 7)"),
         ("train.steps=10", "train", "train.steps=20 (now 10)"),
         ("tokenizer.vocab_size=1024", "tokenizer", "tokenizer.vocab_size=512 (now 1024)"),
-        ("data.split='90,5,5'", "verify", "data.split=80,10,10 (now 90,5,5)"),
+        ("data.split='90,5,5'", "tokenize", "data.split=80,10,10 (now 90,5,5)"),
     ],
 )
 def test_a_change_the_outputs_cannot_follow_is_refused_and_writes_nothing(run, change, step, key):
@@ -114,7 +114,7 @@ def test_an_evaluation_alone_reads_the_split_the_data_was_made_with(run):
     resplit = cli(f"workdir={run}", "stages=[evaluate]", "data.split='90,5,5'")
     assert resplit.returncode == 2
     assert (
-        "error: verify: its output" in resplit.stderr
+        "error: tokenize: its output" in resplit.stderr
         and "(with tokenize in stages)" in resplit.stderr
     )
     assert summary(run) == after

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from pipeline.core import files
 from pipeline.core.paths import RunPaths
-from pipeline.data import shards
+from pipeline.data import sources
 from tests.conftest import ROOT
 
 
@@ -33,9 +33,9 @@ def _tokenize_command(workdir: Path, corpus: Path, model: Path) -> list[str]:
 
 def test_killed_task_leaves_nothing_readable_and_rerun_is_identical(tokenized, tmp_path):
     paths = RunPaths.of(tokenized.workdir)
-    source = Path(shards.input_paths(paths, tokenized.data)[0]).read_text()
+    [(_, first)] = sources.files(paths, tokenized.data)[:1]
     corpus = tmp_path / "corpus.jsonl"
-    corpus.write_text(source * 40)  # tens of MB: seconds of tokenizing
+    corpus.write_text(Path(first).read_text() * 40)  # tens of MB: seconds of tokenizing
     model = paths.tokenizer_model
 
     killed = tmp_path / "killed"
@@ -51,7 +51,7 @@ def test_killed_task_leaves_nothing_readable_and_rerun_is_identical(tokenized, t
     while time.time() < deadline and proc.poll() is None:
         written = [
             p
-            for p in data_dir.glob("*")
+            for p in data_dir.glob("**/*")
             if p.name != "plan.json" and p.is_file() and p.stat().st_size > 1 << 20
         ]
         if written:
@@ -61,7 +61,6 @@ def test_killed_task_leaves_nothing_readable_and_rerun_is_identical(tokenized, t
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
 
-    prefix = run.shard_prefix(0)
     assert not run.shard_marker(0).exists()  # no marker: the shard is not complete
     assert not run.manifest.exists()
 
@@ -76,6 +75,8 @@ def test_killed_task_leaves_nothing_readable_and_rerun_is_identical(tokenized, t
         )
     resumed_marker = files.read_json(run.shard_marker(0))
     clean_marker = files.read_json(RunPaths.of(clean).shard_marker(0))
-    for key in ("bin_sha256", "idx_sha256", "documents", "tokens"):
-        assert resumed_marker[key] == clean_marker[key], key
-    assert files.sha256(f"{prefix}.bin") == clean_marker["bin_sha256"]
+    assert resumed_marker["files"] == clean_marker["files"]  # every split's sizes and sha256
+    assert resumed_marker["documents"] == clean_marker["documents"]
+    for by_split in clean_marker["files"].values():
+        for record in by_split.values():
+            assert files.sha256(run.root / f"{record['prefix']}.bin") == record["bin_sha256"]

@@ -1,4 +1,5 @@
-"""Megatron's data loader over our shards: disjoint splits, guarded sizes, resumable order."""
+"""Megatron's data loader over our files: splits of their own files, guarded sizes, blends by
+source weight, resumable order."""
 
 from __future__ import annotations
 
@@ -11,43 +12,35 @@ import pytest
 from pipeline.config import ConfigError
 from pipeline.core.paths import RunPaths
 from pipeline.data import datasets, evalsets
-from pipeline.data.indexed import ShardWriter
-from pipeline.data.splits import SPLITS, split_bounds, split_tokens
+from pipeline.data.dedup import DIGEST
+from pipeline.data.splits import SPLITS
 from pipeline.data.steps import INDEX
 from tests.conftest import SMALL, make_config
 
 
-def _documents(dataset) -> set[tuple[str, int]]:
-    """(shard, document) pairs a blended split draws from."""
-    return {
-        (ds.dataset_path, int(doc))
-        for ds in dataset.datasets
-        for doc in np.unique(ds.document_index)
-    }
-
-
-def _test_documents(cfg) -> set[tuple[str, int]]:
-    """(shard, document) pairs the evaluation reads as the test split."""
-    docs = set()
+def _digests(cfg, split: str) -> set[bytes]:
+    """The text digests of every document of a split."""
     manifest = datasets.load_manifest(RunPaths.of(cfg.workdir))
-    for ds, first, end in evalsets.test_split(cfg, manifest, 1).windows.parts:
-        owner = np.searchsorted(ds.document_indices, np.arange(first, end), side="right") - 1
-        docs |= {(ds.path_prefix, int(d)) for d in owner}
-    return docs
+    root = RunPaths.of(cfg.workdir).root
+    found: set[bytes] = set()
+    for f in manifest["sources"]["corpus"]["files"][split]:
+        found |= {bytes(d) for d in np.fromfile(root / f"{f['prefix']}.digests", dtype=DIGEST)}
+    return found
 
 
-def test_train_validation_and_test_documents_are_disjoint(tokenized):
-    train, valid = datasets.train_valid_datasets(tokenized)
-    train_docs, valid_docs = _documents(train), _documents(valid)
-    test_docs = _test_documents(tokenized)
-    assert train_docs and valid_docs and test_docs
-    assert not train_docs & test_docs
-    assert not train_docs & valid_docs
-    assert not valid_docs & test_docs
+def test_train_validation_and_test_hold_different_documents(tokenized):
+    by_split = {split: _digests(tokenized, split) for split in SPLITS}
+    assert all(by_split.values())
+    assert not by_split["train"] & by_split["validation"]
+    assert not by_split["train"] & by_split["test"]
+    assert not by_split["validation"] & by_split["test"]
+    train = datasets.train_dataset(tokenized)  # GPTDataset draws from the training files alone
+    paths = {ds.dataset_path for ds in train.datasets}
+    assert paths and all("/data/train/" in p for p in paths)
 
 
 def test_datasets_are_sized_for_the_run_and_samples_are_sequences(tokenized):
-    train, valid = datasets.train_valid_datasets(tokenized)
+    train = datasets.train_dataset(tokenized)
     t = tokenized.train
     assert len(train) >= t.steps * t.global_batch_size
     sample = train[0]
@@ -55,52 +48,29 @@ def test_datasets_are_sized_for_the_run_and_samples_are_sequences(tokenized):
     assert (sample["tokens"][1:] == sample["labels"][:-1]).all()
 
 
+def test_validation_reads_evenly_spaced_whole_windows_the_same_each_time(tokenized):
+    manifest = datasets.load_manifest(RunPaths.of(tokenized.workdir))
+    [windows] = evalsets.validation_sets(tokenized, manifest, 1).values()
+    s = tokenized.model.seq_length
+    whole = (windows.tokens - 1) // s
+    assert windows.windows == min(tokenized.train.eval_samples, whole)
+    assert windows.starts[0] == 0 and windows.starts[-1] <= (whole - 1) * s
+    assert all(windows[k]["loss_mask"].sum() == s for k in range(windows.windows))
+    again = evalsets.validation_sets(tokenized, manifest, 1)["corpus"]
+    assert all((again[k]["tokens"] == windows[k]["tokens"]).all() for k in range(windows.windows))
+
+
 def test_a_split_too_small_for_one_sequence_is_refused_quickly(tokenized):
     manifest = datasets.load_manifest(RunPaths.of(tokenized.workdir))
-    too_long = manifest["shards"][0]["split_tokens"]["validation"] + 10
+    too_long = manifest["sources"]["corpus"]["split_tokens"]["validation"] + 10
     model = dataclasses.replace(tokenized.model, seq_length=too_long)
     cfg = dataclasses.replace(tokenized, model=model)
     started = time.time()
-    with pytest.raises(ConfigError, match="data.split: the validation split"):
-        datasets.train_valid_datasets(cfg)
+    with pytest.raises(ConfigError, match="data.split: the validation split has"):
+        datasets.check_data(cfg, manifest)
+    with pytest.raises(ConfigError, match="data.split: the validation split has"):
+        INDEX.run(cfg)
     assert time.time() - started < 5
-
-
-@pytest.mark.parametrize("split", ["90,5,5", "98,1,1", "949,50,1", "1,1,1", "100,0,0", "7,0,3"])
-@pytest.mark.parametrize("documents", [1, 7, 95, 1000, 123457])
-def test_split_bounds_round_as_megatron_core_does(split, documents):
-    from megatron.core.datasets.blended_megatron_dataset_config import (
-        convert_split_vector_to_split_matrix,
-        parse_and_normalize_split,
-    )
-
-    matrix = convert_split_vector_to_split_matrix(parse_and_normalize_split(split))
-    expected = [
-        (0, 0) if b is None else (int(round(b[0] * documents)), int(round(b[1] * documents)))
-        for b in matrix
-    ]
-    assert split_bounds(documents, split) == expected
-
-
-def test_split_tokens_count_what_megatron_core_splits_with_empty_documents(tmp_path):
-    """An empty document has no sequence: splits are over documents, not sequences."""
-    from megatron.core.datasets.indexed_dataset import IndexedDataset
-
-    writer = ShardWriter(str(tmp_path / "s.bin"), 512)
-    for n in range(40):
-        if n % 3 == 0:
-            writer.end_document()
-        else:
-            writer.add_documents([list(range(1, n + 2))], eod=2)
-    writer.finalize(str(tmp_path / "s.idx"))
-    ds = IndexedDataset(str(tmp_path / "s"))
-    counts = split_tokens(str(tmp_path / "s"), "80,10,10")
-    docs = ds.document_indices
-    bounds = split_bounds(len(docs) - 1, "80,10,10")
-    for name, (beg, end) in zip(SPLITS, bounds, strict=True):
-        expected = int(ds.sequence_lengths[docs[beg] : docs[end]].sum())
-        assert counts[name] == expected, name
-    assert sum(counts.values()) == int(ds.sequence_lengths.sum())
 
 
 def test_the_index_step_builds_the_cache_for_this_config_and_redoes_it_when_it_changes(run_copy):

@@ -24,6 +24,10 @@ def test_every_config_file_composes(group, option, tmp_path):
         corpus = tmp_path / "c.jsonl"
         corpus.write_text('{"text": "hello"}\n')
         overrides.append(f"data.inputs=[{corpus}]")
+    if group == "data" and option == "mixture":
+        for name in ("web", "code", "books"):
+            (tmp_path / f"{name}.jsonl").write_text('{"text": "hello", "content": "x = 1"}\n')
+            overrides.append(f"data.sources.{name}.inputs=[{tmp_path / name}.jsonl]")
     if (group == "model" and option != "tiny") or option == "gpu-cluster":
         # a layout that divides the big shapes and a batch that divides across 16 GPUs
         overrides += ["cluster.gpus_per_node=8", "train.global_batch_size=256"]

@@ -25,7 +25,7 @@ BELOW = {
 }
 BELOW["orchestration"] = set(BELOW) | {"planning"}
 # the package's face, the command lines, and what loads jobs queued by the previous version
-ENTRY_POINTS = {"pipeline", "__main__", "cli", "step", "status", "plan", "legacy"}
+ENTRY_POINTS = {"pipeline", "__main__", "cli", "step", "status", "plan"}
 
 
 def module_name(path: Path) -> str:

@@ -16,6 +16,7 @@ from pipeline.core.paths import RunPaths
 from pipeline.data import shards, tokenizer
 from pipeline.data.indexed import read_index
 from pipeline.data.records import BadRecord, Document, read
+from pipeline.data.splits import SPLITS
 from pipeline.data.steps import TOKENIZE, TOKENIZER
 from tests.conftest import make_config
 
@@ -26,13 +27,29 @@ def tokenize_all(cfg) -> list[dict]:
     return TOKENIZE.run(cfg)
 
 
-def sequences(paths: RunPaths, shard: int) -> list[np.ndarray]:
-    """The token ids of each sequence of a shard, read with the pipeline's own reader."""
-    prefix = paths.shard_prefix(shard)
+def sequences(prefix: Path) -> list[np.ndarray]:
+    """The token ids of each sequence of one indexed dataset, read with the pipeline's reader."""
     index = read_index(f"{prefix}.idx")
     tokens = np.fromfile(f"{prefix}.bin", dtype=index.dtype)
     ends = np.cumsum(index.sequence_lengths)
     return np.split(tokens, ends[:-1]) if len(ends) else []
+
+
+def shard_texts(paths: RunPaths, shard: int, sp, source: str = "corpus") -> dict[str, list[str]]:
+    """The documents of each split of one source in a shard, decoded, in file order."""
+    return {
+        split: [
+            sp.decode(ids[:-1].tolist())
+            for ids in sequences(paths.shard_prefix(shard, split, source))
+        ]
+        for split in SPLITS
+    }
+
+
+def in_order(texts: list[str], order: list[str]) -> bool:
+    """`texts` appear in `order` in the same order (a subsequence of it)."""
+    positions = [order.index(t) for t in texts]
+    return positions == sorted(positions)
 
 
 def write_bad_corpus(folder: Path) -> tuple[list[Path], list[str], dict[str, int]]:
@@ -48,6 +65,7 @@ def write_bad_corpus(folder: Path) -> tuple[list[Path], list[str], dict[str, int
         b'{"text": "' + b"x" * 5000 + b'"}\n',
         b'\xef\xbb\xbf{"text": "after a byte order mark"}\n',
         b'{"text": "crlf line end"}\r\n',
+        b'{"text": "lone \\ud800 surrogate"}\n',
         b"\n",
         b'{"text": "last good document"}\n',
     ]
@@ -65,6 +83,7 @@ def write_bad_corpus(folder: Path) -> tuple[list[Path], list[str], dict[str, int
         "not_an_object": 1,
         "too_large": 1,
         "blank_line": 1,
+        "invalid_unicode": 1,
         "truncated_gzip": 1,
     }
     return [plain, gz], good, reasons
@@ -86,16 +105,20 @@ def test_bad_records_are_counted_with_file_and_line(tokenized, tmp_path):
     assert where[("mixed.jsonl", 2)] == "malformed_json"
     assert where[("mixed.jsonl", 3)] == "invalid_utf8"
     assert where[("mixed.jsonl", 8)] == "too_large"
-    assert where[("mixed.jsonl", 11)] == "blank_line"
+    assert where[("mixed.jsonl", 11)] == "invalid_unicode"
+    assert where[("mixed.jsonl", 12)] == "blank_line"
     assert any(
         name == "truncated.jsonl.gz" and reason == "truncated_gzip"
         for (name, _), reason in where.items()
     )
     sp = tokenizer.load(RunPaths.of(cfg.workdir).tokenizer_model)
-    texts = [sp.decode(ids[:-1].tolist()) for ids in sequences(RunPaths.of(cfg.workdir), 0)]
-    assert texts[:4] == good
-    gz_docs = texts[4:]
-    assert gz_docs and gz_docs == [f"gz document {i}" for i in range(len(gz_docs))]
+    by_split = shard_texts(RunPaths.of(cfg.workdir), 0, sp)
+    texts = [t for split in SPLITS for t in by_split[split]]
+    gz_docs = [t for t in texts if t.startswith("gz document")]
+    expected = good + [f"gz document {i}" for i in range(len(gz_docs))]
+    assert gz_docs and sorted(texts) == sorted(expected)  # every good document, once
+    assert all(in_order(by_split[split], expected) for split in SPLITS)
+    assert all(by_split[split] for split in SPLITS)  # a thousand documents fill every split
     assert marker["documents"] == len(texts)
 
 
@@ -110,7 +133,8 @@ def test_strict_mode_stops_at_the_first_bad_record(tokenized, tmp_path):
     )
     with pytest.raises(BadRecord, match=r"mixed.jsonl:2: malformed_json"):
         tokenize_all(cfg)
-    assert not Path(f"{RunPaths.of(cfg.workdir).shard_prefix(0)}.bin").exists()
+    assert not list(RunPaths.of(cfg.workdir).data_dir.rglob("*.bin"))  # nor partial ones
+    assert not list(RunPaths.of(cfg.workdir).data_dir.rglob("*.partial.*"))
 
 
 def test_byte_ranges_of_one_file_cover_every_line_once(tmp_path):
@@ -118,7 +142,7 @@ def test_byte_ranges_of_one_file_cover_every_line_once(tmp_path):
     path.write_text(
         "".join(json.dumps({"text": f"doc {i} " + "y" * (i % 37)}) + "\n" for i in range(500))
     )
-    plan = shards.make_plan([(str(path), path.stat().st_size)], 7)
+    plan = shards.make_plan([("corpus", str(path), path.stat().st_size)], 7)
     assert len(plan) == 7
     seen = [
         item.text
@@ -132,14 +156,14 @@ def test_byte_ranges_of_one_file_cover_every_line_once(tmp_path):
 
 def test_rerun_skips_complete_shards_and_redoes_incomplete_ones(tokenized):
     paths = RunPaths.of(tokenized.workdir)
-    prefix = paths.shard_prefix(1)
-    before = {ext: Path(f"{prefix}{ext}").stat().st_mtime_ns for ext in (".bin", ".idx")}
+    written = [paths.shard_prefix(1, split, "corpus") for split in SPLITS]
+    outputs = [Path(f"{prefix}{ext}") for prefix in written for ext in (".bin", ".idx")]
+    before = [p.stat().st_mtime_ns for p in outputs]
     marker = TOKENIZE.run_task(tokenized, 1)
-    assert {ext: Path(f"{prefix}{ext}").stat().st_mtime_ns for ext in before} == before
+    assert [p.stat().st_mtime_ns for p in outputs] == before
     paths.shard_marker(1).unlink()  # as if the task died before marking itself complete
     assert not TOKENIZE.is_complete(tokenized)
     redone = TOKENIZE.run_task(tokenized, 1)
-    assert redone["bin_sha256"] == marker["bin_sha256"]
-    assert redone["idx_sha256"] == marker["idx_sha256"]
+    assert redone["files"] == marker["files"]  # the same bytes: sizes and checksums
     assert files.read_json(paths.shard_marker(1))["tokens"] == marker["tokens"]
     assert TOKENIZE.is_complete(tokenized)

@@ -5,14 +5,13 @@ from __future__ import annotations
 import json
 
 from pipeline.core.paths import RunPaths
-from pipeline.data import tokenizer
-from pipeline.data.shards import input_paths
+from pipeline.data import sources, tokenizer
 from pipeline.data.steps import TOKENIZER
 from tests.conftest import make_config
 
 
 def corpus_file(cfg) -> str:
-    return input_paths(RunPaths.of(cfg.workdir), cfg.data)[0]
+    return sources.files(RunPaths.of(cfg.workdir), cfg.data)[0][1]
 
 
 TRICKY = [

@@ -1,0 +1,91 @@
+"""The data mixture against the training budget: each source's share of the training tokens
+(its weight) and how many epochs of its training split that share is. Past data.warn_epochs a
+source repeats often enough to hurt (Muennighoff et al. 2023, "Scaling Data-Constrained
+Language Models": up to about four epochs are nearly as good as new data), and the plan says so.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from pipeline.config import PipelineConfig
+from pipeline.core import files
+from pipeline.core.paths import RunPaths
+from pipeline.data import sources
+from pipeline.data.splits import shares
+
+BYTES_PER_TOKEN = 4.0  # of JSONL input, for an estimate before tokenizing (English prose, BPE)
+
+
+@dataclass(frozen=True)
+class SourceShare:
+    name: str
+    share: float  # of the training samples
+    train_tokens: int  # in its training split
+    epochs: float  # of its training split, over the whole run
+
+
+def budget(cfg: PipelineConfig) -> int:
+    """Tokens the whole run trains on: steps x global batch x sequence length."""
+    t = cfg.train
+    return t.steps * t.global_batch_size * cfg.model.seq_length
+
+
+def train_tokens(manifest: dict) -> dict[str, int]:
+    return {name: s["split_tokens"]["train"] for name, s in manifest["sources"].items()}
+
+
+def estimated_train_tokens(cfg: PipelineConfig) -> dict[str, int]:
+    """Before tokenizing: each source's input bytes, its training share, BYTES_PER_TOKEN."""
+    d = cfg.data
+    paths = RunPaths.of(cfg.workdir)
+    found = {s.name: 0 for s in sources.of(d)}
+    builtin = not d.inputs and not d.sources
+    for name, path in sources.files(paths, d):
+        size = d.builtin_corpus_bytes if builtin else os.path.getsize(path)
+        found[name] += size
+    train_share = shares(d.split)[0]
+    return {name: int(size * train_share / BYTES_PER_TOKEN) for name, size in found.items()}
+
+
+def shares_of(cfg: PipelineConfig, tokens: dict[str, int]) -> list[SourceShare]:
+    total = budget(cfg)
+    return [
+        SourceShare(name, w, tokens[name], total * w / tokens[name] if tokens[name] else 0.0)
+        for name, w in sources.weights(cfg.data).items()
+        if name in tokens
+    ]
+
+
+def epoch_lines(cfg: PipelineConfig, tokens: dict[str, int], estimated: bool = False) -> list[str]:
+    """What the plan prints: the budget, and for each source its share, its training tokens
+    and the epochs they make; a warning for each source past data.warn_epochs."""
+    about = "~" if estimated else ""
+    lines = [f"[plan] data: {budget(cfg):,} training tokens over the run"]
+    if estimated:
+        lines[0] += f" (sources' tokens estimated at {BYTES_PER_TOKEN:g} bytes a token)"
+    warnings = []
+    for s in shares_of(cfg, tokens):
+        lines.append(
+            f"[plan]   {s.name}: {100 * s.share:.1f}% of samples, {about}{s.train_tokens:,} "
+            f"training tokens, {about}{s.epochs:.2f} epochs"
+        )
+        if s.epochs > cfg.data.warn_epochs:
+            warnings.append(
+                f"[plan] warning: source {s.name} is read {about}{s.epochs:.1f} times, more than "
+                f"data.warn_epochs={cfg.data.warn_epochs:g}: lower its weight or add data to it"
+            )
+    return lines + warnings
+
+
+def plan_lines(cfg: PipelineConfig) -> list[str]:
+    """epoch_lines from the tokenized data (of this run or data.prepared), else estimated."""
+    for run in (cfg.workdir, cfg.data.prepared):
+        manifest = files.read_json_or_none(RunPaths.of(run).manifest) if run else None
+        if manifest is not None and "sources" in manifest:
+            return epoch_lines(cfg, train_tokens(manifest))
+    try:
+        return epoch_lines(cfg, estimated_train_tokens(cfg), estimated=True)
+    except OSError:  # an input that went away: the launch refuses it with its own line
+        return []

@@ -1,0 +1,97 @@
+"""The sources of the corpus: `data.sources` (a weighted mixture, each source its own globs
+and text key), or one source named "corpus" made of `data.inputs` (or the built-in corpus).
+
+Sources are taken in name order, and each source's files in path order: that is the corpus
+order, in which the shards cut the files and in which the first of duplicate documents is the
+one kept (data.dedup).
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from pipeline.config import DataConfig
+from pipeline.core.errors import ConfigError
+from pipeline.core.paths import RunPaths
+
+SINGLE = "corpus"  # the name of the one source of data.inputs
+NAME = re.compile(r"^[a-z0-9][a-z0-9_-]{0,63}$")  # a file and metric name, on any filesystem
+
+
+@dataclass(frozen=True)
+class Source:
+    name: str
+    inputs: tuple[str, ...]  # globs; empty: the built-in corpus
+    text_key: str
+    weight: float
+
+
+def of(data: DataConfig) -> list[Source]:
+    """The configured sources, in name order."""
+    if not data.sources:
+        return [Source(SINGLE, tuple(data.inputs), data.text_key, 1.0)]
+    return [
+        Source(name, tuple(s.inputs), s.text_key or data.text_key, float(s.weight))
+        for name, s in sorted(data.sources.items())
+    ]
+
+
+def weights(data: DataConfig) -> dict[str, float]:
+    """Each source's sampling weight, normalized to sum to 1."""
+    found = {s.name: s.weight for s in of(data)}
+    total = sum(found.values())
+    return {name: w / total for name, w in found.items()}
+
+
+def matches(pattern: str) -> list[str]:
+    """The readable files a glob names, as absolute paths."""
+    found = glob.glob(os.path.expanduser(pattern))
+    return [os.path.abspath(p) for p in found if os.path.isfile(p)]
+
+
+def files(paths: RunPaths, data: DataConfig) -> list[tuple[str, str]]:
+    """(source name, path) of every corpus file, in corpus order. A file that two sources
+    name is a ConfigError (its documents would be counted twice)."""
+    owner: dict[str, str] = {}
+    ordered: list[tuple[str, str]] = []
+    for source in of(data):
+        found = (
+            {p for pattern in source.inputs for p in matches(pattern)}
+            if source.inputs
+            else {str(paths.builtin_corpus)}
+        )
+        for path in sorted(found):
+            if path in owner:
+                raise ConfigError(
+                    f"data.sources: {path} is in both {owner[path]} and {source.name}; "
+                    "give each file to one source"
+                )
+            owner[path] = source.name
+            ordered.append((source.name, path))
+    return ordered
+
+
+def portable(path: str, root: Path) -> str:
+    """A path inside the run folder relative to it (the folder can move), others as they are."""
+    return os.path.relpath(path, root) if Path(path).is_relative_to(root) else path
+
+
+def corpus_settings(paths: RunPaths, data: DataConfig) -> dict:
+    """What defines the documents read: the input files and their sizes (the built-in corpus:
+    its size setting, as it is written only before the first submission), the text keys, the
+    largest document. A corpus of one source is described as in earlier versions, so that its
+    tokenizer stays valid."""
+    builtin = not data.inputs and not data.sources
+    described = {s.name: {"inputs": {}, "text_key": s.text_key} for s in of(data)}
+    for name, path in files(paths, data):
+        size = data.builtin_corpus_bytes if builtin else os.path.getsize(path)
+        described[name]["inputs"][portable(path, paths.root)] = size
+    limit = {"data.max_document_bytes": data.max_document_bytes}
+    if not data.sources:
+        single = described[SINGLE]
+        return {"data.inputs": single["inputs"], "data.text_key": single["text_key"], **limit}
+    return {"data.sources": described, **limit}
