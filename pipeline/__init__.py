@@ -14,9 +14,13 @@ the code is laid out" has the exact table):
 
 import warnings
 
+from pipeline.runtime import children
+
 __version__ = "0.3.0"
 
 # megatron-core warns at import, in every process, that optional accelerators are absent;
 # the backends say what they use instead.
 warnings.filterwarnings("ignore", message=r".*(Apex|Transformer Engine).*not installed.*")
 warnings.filterwarnings("ignore", message=r"full scope is deprecated")
+
+children.die_with_this_process()  # forked helpers (checkpoint writers) never outlive a run
