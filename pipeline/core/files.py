@@ -30,12 +30,29 @@ def fsync_dir(path: str | os.PathLike) -> None:
         os.close(fd)
 
 
+def umask() -> int:
+    """The process's umask, read without changing it (Linux reports it in /proc; elsewhere
+    it is set and put back at once)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except OSError:
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
 @contextlib.contextmanager
 def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
-    """Yield a temporary path beside `path`; on success fsync it and rename it to `path`."""
+    """Yield a temporary path beside `path`; on success fsync it and rename it to `path`. The
+    file gets the permissions a plain open() would give it under the user's umask (mkstemp
+    makes it private)."""
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    os.fchmod(fd, 0o666 & ~umask())
     os.close(fd)
     tmp_path = Path(tmp)
     try:
