@@ -1,12 +1,23 @@
 #!/usr/bin/env bash
-# Start and stop a real single-node Slurm cluster (with slurmdbd accounting) for tests.
+# Start and stop a real Slurm cluster (with slurmdbd accounting) on this one machine, for tests.
 #
 #   tools/local_slurm.sh install        apt-get install the daemons if missing (needs root)
-#   tools/local_slurm.sh up DIR         start munged, mariadb, slurmdbd, slurmctld, slurmd;
+#   tools/local_slurm.sh up DIR         start munged, mariadb, slurmdbd, slurmctld and one slurmd
+#                                       per node, nodes n1..nN (N=$LOCAL_SLURM_NODES, default 3);
 #                                       all state lives under DIR; prints only
 #                                       `export SLURM_CONF=DIR/etc/slurm.conf` on stdout
 #   tools/local_slurm.sh down DIR       cancel all jobs and stop every daemon of DIR
-#   tools/local_slurm.sh status DIR     say which daemons of DIR are alive
+#   tools/local_slurm.sh status DIR     say which daemons (one slurmd per node) of DIR are alive
+#   tools/local_slurm.sh lose-node DIR NODE     as if NODE crashed: SIGKILL its slurmd and every
+#                                       job process on it, and tell slurmctld it is DOWN
+#   tools/local_slurm.sh restore-node DIR NODE  start NODE's slurmd again and resume the node
+#
+#   LOCAL_SLURM_NODES=1 tools/local_slurm.sh up DIR    a single-node cluster
+#
+# Every node is this machine: each slurmd listens on its own port of 127.0.0.1 (NodeAddr)
+# and declares 4 CPUs and 1/N of the machine's memory. Node names do not resolve (nothing
+# is added to /etc/hosts), as on clusters whose node names are not host names; find a
+# node's address with `scontrol show node NAME` (NodeAddr).
 #
 # Every client (sbatch, squeue, sacct, submitit) needs SLURM_CONF in its environment:
 #   eval "$(tools/local_slurm.sh up /tmp/slurm)"
@@ -20,6 +31,7 @@ CLUSTER_NAME=local
 DB_NAME=slurm_acct_db
 UP_TIMEOUT=120    # seconds to wait for each daemon to answer
 DRAIN_TIMEOUT=60  # seconds `down` waits for the queue to empty
+NODE_CPUS=4       # CPUs each node declares (more than this machine's cores)
 
 # Slurm and mariadb live in sbin; make sure we find them even from a user PATH.
 export PATH="${PATH}:/usr/sbin:/sbin"
@@ -31,7 +43,7 @@ log() { printf '[local_slurm] %s\n' "$*" >&2; }
 die() { log "error: $*"; exit 1; }
 
 usage() {
-    sed -n '2,9p' "$0" | sed 's/^# \{0,1\}//' >&2
+    sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//' >&2
     exit 2
 }
 
@@ -62,18 +74,46 @@ set_paths() {
     export SLURM_CONF="${SLURM_CONF_FILE}"
 }
 
-# Daemon names, as seen in /proc/PID/comm, and their pid files.
+# Daemons: a process name, as seen in /proc/PID/comm, or slurmd:NODE for the slurmd
+# of one node; and their pid files.
 pidfile_of() {
     case "$1" in
         munged) echo "${RUN}/munged.pid" ;;
         mariadbd) echo "${RUN}/mariadbd.pid" ;;
         slurmdbd) echo "${RUN}/slurmdbd.pid" ;;
         slurmctld) echo "${RUN}/slurmctld.pid" ;;
-        slurmd) echo "${RUN}/slurmd.pid" ;;
+        slurmd:?*) echo "${RUN}/slurmd-${1#slurmd:}.pid" ;;
         *) die "unknown daemon $1" ;;
     esac
 }
-DAEMONS=(munged mariadbd slurmdbd slurmctld slurmd)
+
+comm_of() { echo "${1%%:*}"; }
+
+# Nodes named in DIR's slurm.conf (none before the first `up`).
+conf_nodes() {
+    [[ -r "${SLURM_CONF_FILE}" ]] || return 0
+    sed -n 's/^NodeName=\([^ ]*\) .*/\1/p' "${SLURM_CONF_FILE}"
+}
+
+# The slurmd daemons of DIR: one per node of its slurm.conf, plus any with a pid file
+# (a node dropped from the config while its slurmd still ran is stopped all the same).
+slurmd_daemons() {
+    local file
+    {
+        conf_nodes
+        for file in "${RUN}"/slurmd-*.pid; do
+            [[ -e "${file}" ]] || continue
+            file="${file##*/slurmd-}"
+            echo "${file%.pid}"
+        done
+    } | awk '!seen[$0]++ { print "slurmd:" $0 }'
+}
+
+# Every daemon of DIR, slurmds last.
+all_daemons() {
+    printf '%s\n' munged mariadbd slurmdbd slurmctld
+    slurmd_daemons
+}
 
 # Whether pid $1 is a running (not zombie) process named $2. Checking the name
 # guards against a stale pid file whose pid was reused by something else.
@@ -94,7 +134,7 @@ live_pid() {
     [[ -s "${file}" ]] || return 1
     read -r pid <"${file}" || true
     [[ "${pid}" =~ ^[0-9]+$ ]] || return 1
-    is_running "${pid}" "${name}" || return 1
+    is_running "${pid}" "$(comm_of "${name}")" || return 1
     echo "${pid}"
 }
 
@@ -114,11 +154,14 @@ wait_for() {
     done
 }
 
-# Fail with the end of a daemon's log, which is where the reason is.
+# Fail with the end of a daemon's log (or several), which is where the reason is.
 fail_with_log() {
-    local what="$1" logfile="$2"
-    log "---- last lines of ${logfile}"
-    tail -n 30 "${logfile}" >&2 2>/dev/null || true
+    local what="$1" logfile
+    shift
+    for logfile in "$@"; do
+        log "---- last lines of ${logfile}"
+        tail -n 30 "${logfile}" >&2 2>/dev/null || true
+    done
     die "${what} did not start"
 }
 
@@ -161,23 +204,23 @@ spawn() {
 # Send SIGTERM to daemons by their pid files, wait for all of them to exit, and
 # SIGKILL any that are still there after the timeout.
 stop_daemons() {
-    local timeout="$1" name pid pids=() names=()
+    local timeout="$1" name pid pids=() comms=()
     shift
     for name in "$@"; do
         if pid="$(live_pid "${name}")"; then
             log "stopping ${name} (pid ${pid})"
             kill -TERM "${pid}" 2>/dev/null || true
             pids+=("${pid}")
-            names+=("${name}")
+            comms+=("$(comm_of "${name}")")
         else
             log "${name}: not running"
         fi
     done
     local i deadline=$((SECONDS + timeout))
     for i in "${!pids[@]}"; do
-        while is_running "${pids[i]}" "${names[i]}"; do
+        while is_running "${pids[i]}" "${comms[i]}"; do
             if ((SECONDS >= deadline)); then
-                log "${names[i]} ignored SIGTERM for ${timeout}s, sending SIGKILL"
+                log "${comms[i]} (pid ${pids[i]}) ignored SIGTERM for ${timeout}s, sending SIGKILL"
                 kill -KILL "${pids[i]}" 2>/dev/null || true
                 sleep 0.5
                 break
@@ -211,16 +254,22 @@ cmd_install() {
 
 # ---------------------------------------------------------------- config files
 
+# Nodes n1..nN, one slurmd each, each on its own port (the rest of the arguments).
 write_slurm_conf() {
-    local host="$1" ctld_port="$2" slurmd_port="$3" dbd_port="$4" mem
+    local host="$1" ctld_port="$2" dbd_port="$3" n_nodes="$4" mem node_mem
+    shift 4
+    local ports=("$@") i nodes
     # Real memory of this machine; slurmd -C prints e.g. "... RealMemory=24105".
     mem="$(slurmd -C 2>/dev/null | sed -n 's/.*RealMemory=\([0-9]*\).*/\1/p' | head -n1)"
     [[ -n "${mem}" ]] || mem=8192
+    # The nodes share the machine: together they declare no more memory than it has.
+    node_mem=$((mem / n_nodes))
+    ((node_mem >= 1)) || node_mem=1
+    if ((n_nodes == 1)); then nodes=n1; else nodes="n[1-${n_nodes}]"; fi
     cat >"${SLURM_CONF_FILE}" <<EOF
 ClusterName=${CLUSTER_NAME}
 SlurmctldHost=${host}(127.0.0.1)
 SlurmctldPort=${ctld_port}
-SlurmdPort=${slurmd_port}
 SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
@@ -228,17 +277,20 @@ CredType=cred/munge
 # cred_expire=10: a requeued job may restart after ~12 s instead of ~2 min.
 AuthInfo=socket=${MUNGE_SOCKET},cred_expire=10
 StateSaveLocation=${STATE}
+# One slurmd per node on this host (slurmd -N NODE): %n is the node name.
 SlurmdSpoolDir=${SPOOL}/slurmd-%n
 SlurmctldPidFile=$(pidfile_of slurmctld)
-SlurmdPidFile=$(pidfile_of slurmd)
+SlurmdPidFile=${RUN}/slurmd-%n.pid
 SlurmctldLogFile=${LOG}/slurmctld.log
-SlurmdLogFile=${LOG}/slurmd.log
+SlurmdLogFile=${LOG}/slurmd-%n.log
 MpiDefault=none
 # No cgroups needed: works in containers without a delegated cgroup tree.
 ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
 SelectType=select/cons_tres
-SelectTypeParameters=CR_Core_Memory
+# CR_LLN: each job on the least loaded node, so array tasks spread over the nodes as on a
+# busy cluster (by default Slurm fills one node first).
+SelectTypeParameters=CR_Core_Memory,CR_LLN
 # Without a per-CPU default every job takes all memory and array tasks run one by one.
 DefMemPerCPU=512
 ReturnToService=2
@@ -258,11 +310,17 @@ AccountingStorageHost=127.0.0.1
 AccountingStoragePort=${dbd_port}
 # Connections to slurmdbd take their munge socket from here, not from AuthInfo.
 AccountingStoragePass=${MUNGE_SOCKET}
-# Declare more CPUs than exist so 2-task jobs and several array tasks run at once.
+# Each node declares ${NODE_CPUS} CPUs, more than this machine's cores, so multi-task jobs and
+# several array tasks run at once; config_overrides makes slurmd accept the declared
+# hardware instead of draining a node whose CPUs differ from what it detects.
+# Every node is this machine (NodeAddr=127.0.0.1, a port each); the node names are not
+# host names and do not resolve.
 SlurmdParameters=config_overrides
-NodeName=${host} NodeAddr=127.0.0.1 CPUs=8 Boards=1 SocketsPerBoard=1 CoresPerSocket=8 ThreadsPerCore=1 RealMemory=${mem} State=UNKNOWN
-PartitionName=debug Nodes=${host} Default=YES MaxTime=INFINITE State=UP
 EOF
+    for ((i = 1; i <= n_nodes; i++)); do
+        echo "NodeName=n${i} NodeHostname=${host} NodeAddr=127.0.0.1 Port=${ports[i - 1]} CPUs=${NODE_CPUS} Boards=1 SocketsPerBoard=1 CoresPerSocket=${NODE_CPUS} ThreadsPerCore=1 RealMemory=${node_mem} State=UNKNOWN"
+    done >>"${SLURM_CONF_FILE}"
+    echo "PartitionName=debug Nodes=${nodes} Default=YES MaxTime=INFINITE State=UP" >>"${SLURM_CONF_FILE}"
 }
 
 write_slurmdbd_conf() {
@@ -396,24 +454,44 @@ start_slurmctld() {
         fail_with_log slurmctld "${LOG}/slurmctld.log"
 }
 
-start_slurmd() {
-    log "starting slurmd"
-    spawn "${LOG}/slurmd.out" slurmd -f "${SLURM_CONF_FILE}" ||
-        fail_with_log slurmd "${LOG}/slurmd.log"
+start_slurmds() {
+    local node
+    for node in $(conf_nodes); do
+        log "starting slurmd of node ${node}"
+        mkdir -p "${SPOOL}/slurmd-${node}"
+        spawn "${LOG}/slurmd-${node}.out" slurmd -f "${SLURM_CONF_FILE}" -N "${node}" ||
+            fail_with_log "slurmd of node ${node}" "${LOG}/slurmd-${node}.log"
+    done
 }
 
-# Idle on a fresh cluster; jobs recovered from an earlier run may keep it busy.
-node_ready() { [[ "$(sinfo -h -o %T 2>/dev/null)" =~ ^(idle|mixed|allocated|completing)$ ]]; }
+# Every node of slurm.conf is up: idle on a fresh cluster; jobs recovered from an
+# earlier run may keep some busy. A node that does not respond is listed as "idle*".
+nodes_ready() {
+    local want have
+    want="$(conf_nodes | sort | tr '\n' ' ')"
+    have="$(sinfo -h -N -o '%N %T' 2>/dev/null |
+        awk '$2 ~ /^(idle|mixed|allocated|completing)$/ { print $1 }' | sort -u | tr '\n' ' ')"
+    [[ -n "${want}" && "${have}" == "${want}" ]]
+}
 
 all_alive() {
     local d
-    for d in "${DAEMONS[@]}"; do alive "${d}" || return 1; done
+    for d in $(all_daemons); do alive "${d}" || return 1; done
 }
 
 any_alive() {
     local d
-    for d in "${DAEMONS[@]}"; do alive "${d}" && return 0; done
+    for d in $(all_daemons); do alive "${d}" && return 0; done
     return 1
+}
+
+# Node count asked for through LOCAL_SLURM_NODES (default 3).
+wanted_nodes() {
+    local n="${LOCAL_SLURM_NODES:-3}"
+    if [[ ! "${n}" =~ ^[0-9]{1,4}$ ]] || ((10#${n} < 1)); then
+        die "LOCAL_SLURM_NODES must be a whole number of at least 1, not '${n}'"
+    fi
+    echo $((10#${n}))
 }
 
 print_export() { printf 'export SLURM_CONF=%q\n' "${SLURM_CONF_FILE}" >&3; }
@@ -426,43 +504,50 @@ cmd_up() {
     for d in munged mungekey mariadbd mariadb-install-db slurmdbd slurmctld slurmd sacctmgr sinfo; do
         command -v "${d}" >/dev/null || die "${d} not found; run: $0 install"
     done
+    local n_nodes
+    n_nodes="$(wanted_nodes)"
     mkdir -p "$1"
     set_paths "$1"
 
-    if all_alive && node_ready; then
+    if all_alive && nodes_ready && [[ "$(conf_nodes | wc -l)" -eq "${n_nodes}" ]]; then
         log "already up in ${D}"
         print_export
         return 0
     fi
-    # Half-running from an earlier attempt: stop the rest and start cleanly.
+    # Half-running from an earlier attempt (or with another node count): stop the
+    # rest and start cleanly.
     if any_alive; then
-        log "some daemons of ${D} are running but the cluster is not healthy; restarting"
+        log "some daemons of ${D} are running but the cluster is not healthy (or has another node count); restarting"
         stop_all
     fi
 
     mkdir -p "${ETC}" "${STATE}" "${SPOOL}" "${LOG}" "${RUN}" "${MUNGE}" "${MYSQL}"
-    local host ctld_port slurmd_port dbd_port mysql_port password
+    local host ctld_port dbd_port mysql_port slurmd_ports password node logs=()
     host="$(hostname -s)"
     # New ports on every start, so a stale cluster elsewhere never clashes with this one.
-    read -r ctld_port slurmd_port dbd_port mysql_port <<<"$(free_ports 4)"
+    read -r ctld_port dbd_port mysql_port slurmd_ports <<<"$(free_ports $((3 + n_nodes)))"
     password="$(od -An -tx1 -N16 /dev/urandom | tr -d ' \n')"
 
     write_my_cnf "${mysql_port}"
     write_slurmdbd_conf "${dbd_port}" "${mysql_port}" "${password}"
-    write_slurm_conf "${host}" "${ctld_port}" "${slurmd_port}" "${dbd_port}"
+    # shellcheck disable=SC2086  # slurmd_ports is a list of numbers
+    write_slurm_conf "${host}" "${ctld_port}" "${dbd_port}" "${n_nodes}" ${slurmd_ports}
 
     start_munged
     start_mariadb "${password}"
     start_slurmdbd
     register_cluster
     start_slurmctld
-    start_slurmd
+    start_slurmds
 
-    wait_for "node ${host} to be idle" "${UP_TIMEOUT}" node_ready ||
-        fail_with_log slurmd "${LOG}/slurmd.log"
+    if ! wait_for "all ${n_nodes} nodes to be idle" "${UP_TIMEOUT}" nodes_ready; then
+        sinfo -N >&2 2>/dev/null || true
+        for node in $(conf_nodes); do logs+=("${LOG}/slurmd-${node}.log"); done
+        fail_with_log "some slurmd" "${logs[@]}"
+    fi
     wait_for "sacct" "${UP_TIMEOUT}" sacct -n -X ||
         fail_with_log slurmdbd "${LOG}/slurmdbd.log"
-    log "up in ${D} (slurmctld :${ctld_port}, slurmd :${slurmd_port}, slurmdbd :${dbd_port}, mariadb 127.0.0.1:${mysql_port})"
+    log "up in ${D}: ${n_nodes} node(s) $(conf_nodes | tr '\n' ' ')(slurmctld :${ctld_port}, slurmd :${slurmd_ports// /,}, slurmdbd :${dbd_port}, mariadb 127.0.0.1:${mysql_port})"
     print_export
 }
 
@@ -541,7 +626,8 @@ drain_jobs() {
 stop_all() {
     # slurmctld flushes job records to slurmdbd on exit, and slurmdbd needs mariadb
     # until it has stopped; munged is not needed by anyone once slurmdbd is gone.
-    stop_daemons 20 slurmd slurmctld
+    # shellcheck disable=SC2046  # daemon names have no spaces
+    stop_daemons 20 $(slurmd_daemons) slurmctld
     stop_daemons 20 slurmdbd
     stop_daemons 60 mariadbd munged
     # Steps left over when the queue did not drain (or slurmd died) would run on.
@@ -564,19 +650,83 @@ cmd_down() {
 
 cmd_status() {
     set_paths "$1" || die "no such directory $1"
-    local d pid rc=0
-    for d in "${DAEMONS[@]}"; do
+    local d pid rc=0 name state states
+    for d in $(all_daemons); do
+        # slurmd:n1 is shown as "slurmd n1".
         if pid="$(live_pid "${d}")"; then
-            printf '%-10s running (pid %s)\n' "${d}" "${pid}" >&3
+            printf '%-12s running (pid %s)\n' "${d/:/ }" "${pid}" >&3
         else
-            printf '%-10s stopped\n' "${d}" >&3
+            printf '%-12s stopped\n' "${d/:/ }" >&3
             rc=1
         fi
     done
     if ((rc == 0)); then
-        printf 'node       %s\n' "$(sinfo -h -o %T 2>/dev/null || echo unreachable)" >&3
+        if states="$(sinfo -h -N -o '%N %T' 2>/dev/null)"; then
+            while read -r name state; do
+                printf '%-12s %s\n' "node ${name}" "${state}" >&3
+            done <<<"${states}"
+        else
+            printf '%-12s unreachable\n' nodes >&3
+        fi
     fi
     return "${rc}"
+}
+
+# Pids of what runs on NODE for this cluster's jobs: the tasks (SLURMD_NODENAME=NODE in
+# their environment), their descendants, and the slurmstepd processes above them.
+node_processes() {
+    local node="$1" dir pid ppid comm line tasks=()
+    for dir in /proc/[0-9]*; do
+        tr '\0' '\n' 2>/dev/null <"${dir}/environ" |
+            grep -qxF "SLURMD_NODENAME=${node}" || continue
+        tr '\0' '\n' 2>/dev/null <"${dir}/environ" |
+            grep -qxF "SLURM_CONF=${SLURM_CONF_FILE}" || continue
+        pid="${dir#/proc/}"
+        tasks+=("${pid}")
+        read -r line 2>/dev/null <"${dir}/stat" || continue
+        read -r _ ppid _ <<<"${line##*) }"
+        read -r comm 2>/dev/null <"/proc/${ppid}/comm" || continue
+        [[ "${comm}" == slurmstepd ]] && echo "${ppid}"
+    done
+    ((${#tasks[@]})) || return 0
+    printf '%s\n' "${tasks[@]}"
+    descendants "${tasks[@]}"
+}
+
+cmd_lose_node() {
+    set_paths "$1" || die "no such directory $1"
+    local node="$2" pid victims
+    conf_nodes | grep -qxF "${node}" || die "no node ${node} in ${SLURM_CONF_FILE}"
+    pid="$(live_pid "slurmd:${node}")" || die "slurmd of ${node} is not running"
+    kill -KILL "${pid}"
+    mapfile -t victims < <(node_processes "${node}" | sort -u)
+    if ((${#victims[@]})); then
+        log "killing what ran on ${node}: ${victims[*]}"
+        kill -KILL "${victims[@]}" 2>/dev/null || true
+    fi
+    rm -f "$(pidfile_of "slurmd:${node}")"
+    # Without this slurmctld notices only after SlurmdTimeout (minutes).
+    scontrol update NodeName="${node}" State=DOWN Reason="lost (local_slurm.sh lose-node)"
+    log "node ${node} lost"
+}
+
+cmd_restore_node() {
+    set_paths "$1" || die "no such directory $1"
+    local node="$2"
+    conf_nodes | grep -qxF "${node}" || die "no node ${node} in ${SLURM_CONF_FILE}"
+    if ! alive "slurmd:${node}"; then
+        log "starting slurmd of node ${node}"
+        spawn "${LOG}/slurmd-${node}.out" slurmd -f "${SLURM_CONF_FILE}" -N "${node}" ||
+            fail_with_log "slurmd of node ${node}" "${LOG}/slurmd-${node}.log"
+    fi
+    scontrol update NodeName="${node}" State=RESUME 2>/dev/null || true  # already back: fine
+    wait_for "node ${node}" "${UP_TIMEOUT}" node_idle "${node}" ||
+        fail_with_log "node ${node}" "${LOG}/slurmd-${node}.log"
+    log "node ${node} restored"
+}
+
+node_idle() {
+    [[ "$(sinfo -h -N -n "$1" -o '%T' 2>/dev/null)" =~ ^(idle|mixed|allocated)$ ]]
 }
 
 main() {
@@ -588,6 +738,8 @@ main() {
         up) (($# == 1)) || usage; cmd_up "$1" ;;
         down) (($# == 1)) || usage; cmd_down "$1" ;;
         status) (($# == 1)) || usage; cmd_status "$1" ;;
+        lose-node) (($# == 2)) || usage; cmd_lose_node "$1" "$2" ;;
+        restore-node) (($# == 2)) || usage; cmd_restore_node "$1" "$2" ;;
         *) usage ;;
     esac
 }

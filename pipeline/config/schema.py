@@ -183,9 +183,17 @@ class ClusterConfig:
     array_parallelism: int = 64
     setup: list[str] = field(default_factory=list)
     sbatch_extra: dict[str, Any] = field(default_factory=dict)
+    # exported in every job script before its tasks start (NCCL_SOCKET_IFNAME, NCCL_IB_HCA, ...)
+    env: dict[str, str] = field(default_factory=dict)
+    srun_args: list[str] = field(default_factory=list)  # more options for the tasks' srun
+    # a container for the tasks (pyxis/enroot: srun --container-image, --container-mounts)
+    container_image: str | None = None
+    container_mounts: list[str] = field(default_factory=list)  # SRC:DST[:FLAGS]
     gpu: str | None = None  # GPU model, e.g. H100: peak FLOP/s, memory and fp8 support
     gpu_memory_gb: float | None = None  # None: that of cluster.gpu, when known
     checkpoint_write_gbps: float = 1.0  # write bandwidth of the checkpoint filesystem, GB/s
+    # how long a rank waits for every rank to reach the first node before the job fails
+    rendezvous_timeout_s: float = 300.0
 
 
 @dataclass

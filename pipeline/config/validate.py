@@ -315,6 +315,7 @@ def _validate_bounds(cfg: PipelineConfig) -> None:
 # Control characters: a newline would end an #SBATCH line and start a shell command.
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 _SBATCH_OPTION = re.compile(r"[A-Za-z][A-Za-z0-9_-]*")
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _NO_CONTROL = "must not contain a newline or other control character (it goes into a script)"
 # The workdir is in every job's log paths and command line; the rest become #SBATCH options.
 _SCRIPT_KEYS = (
@@ -344,3 +345,23 @@ def _validate_script_values(cfg: PipelineConfig) -> None:
             f"{value!r} must be a string, a number or true (a flag)",
         )
         _require(not _CONTROL.search(str(value)), key, _NO_CONTROL)
+    for name, value in cfg.cluster.env.items():
+        valid = bool(_ENV_NAME.fullmatch(str(name)))
+        _require(valid, "cluster.env", f"{str(name)!r} is not an environment variable name")
+        _require(not _CONTROL.search(str(value)), f"cluster.env.{name}", _NO_CONTROL)
+    for key in ("cluster.srun_args", "cluster.container_mounts"):
+        for value in value_at(cfg, key):
+            _require(not _CONTROL.search(str(value)), key, _NO_CONTROL)
+    image = cfg.cluster.container_image
+    _require(image is None or not _CONTROL.search(image), "cluster.container_image", _NO_CONTROL)
+    for mount in cfg.cluster.container_mounts:
+        _require(
+            ":" in mount and "," not in mount,
+            "cluster.container_mounts",
+            f"{mount!r} is not SRC:DST[:FLAGS] (one mount per list item)",
+        )
+    _require(
+        image is not None or not cfg.cluster.container_mounts,
+        "cluster.container_mounts",
+        "needs cluster.container_image (the mounts are the container's)",
+    )

@@ -155,6 +155,11 @@ class RunPaths:
         return self.train_dir / "metrics.jsonl"
 
     @property
+    def ranks(self) -> Path:
+        """Where each rank of each training attempt ran (node, local rank, layout coordinates)."""
+        return self.train_dir / "ranks.json"
+
+    @property
     def train_done(self) -> Path:
         return self.train_dir / "DONE.json"
 

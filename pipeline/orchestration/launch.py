@@ -15,7 +15,7 @@ from pipeline.core.lock import run_lock
 from pipeline.core.paths import RunPaths
 from pipeline.core.steps import Placement
 from pipeline.data.datasets import vocab_size
-from pipeline.orchestration import executors, graph, history, reruns, sweep
+from pipeline.orchestration import executors, graph, history, partitions, reruns, sweep
 from pipeline.orchestration.reruns import Verdict
 from pipeline.planning import preflight, render
 
@@ -37,6 +37,8 @@ def launch(cfg: PipelineConfig, given: list[str]) -> int:
         preflight.check_training(cfg, vocab_size(cfg)[0])
     verdicts = reruns.judge(cfg)
     reruns.refuse_changes(cfg, verdicts)
+    if cfg.cluster.executor == "slurm" and not cfg.dry_run:  # the queue would hold it forever
+        partitions.check_fits(cfg, [v.step for v in verdicts if v.state in reruns.RUN])
     if cfg.dry_run:
         _run_pending(cfg, verdicts, prepare=False)
         return 0

@@ -9,6 +9,7 @@ from pipeline.core import files
 from pipeline.core.paths import RunPaths
 from pipeline.orchestration import graph, reruns
 from pipeline.orchestration.slurm_queue import FAILED, latest_submission, slurm_states
+from pipeline.runtime import placement
 
 STATES = {
     "complete": "COMPLETE",
@@ -61,8 +62,19 @@ def describe(cfg: PipelineConfig) -> list[tuple[str, str, str]]:
             failed_before = failed_before or step.name
         elif "PENDING" in names and failed_before:
             detail += f" (waits on {failed_before}, which failed)"
+        if step.name == "train" and "RUNNING" in names:
+            detail += _where_training_runs(paths)
         rows.append((step.name, "/".join(names), detail))
     return rows
+
+
+def _where_training_runs(paths: RunPaths) -> str:
+    """'; 4 ranks on 2 nodes: n1 (ranks 0-1), n2 (ranks 2-3), from step 40' (its latest attempt)."""
+    record = files.read_json_or_none(paths.ranks)
+    if not record or not record["attempts"]:
+        return ""
+    attempt = record["attempts"][-1]
+    return f"; {placement.describe(attempt['ranks'])}, from step {attempt['from_step']}"
 
 
 def is_failed(state: str) -> bool:

@@ -9,18 +9,27 @@ import sys
 from typing import Any
 
 from pipeline.config import PipelineConfig
+from pipeline.core.errors import StageError
 from pipeline.core.steps import Interrupted, Placement
+from pipeline.orchestration import rendezvous
 from pipeline.orchestration.graph import ArrayStep, Step
+from pipeline.runtime import distributed
 from pipeline.training import signals
 
 
-def export_distributed_env() -> None:
-    """RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT from submitit's job environment."""
+def export_distributed_env(rendezvous_timeout_s: float) -> None:
+    """RANK, WORLD_SIZE, LOCAL_RANK, MASTER_PORT from submitit's job environment; MASTER_ADDR
+    an address of the first node (pipeline.orchestration.rendezvous); how long a rank waits
+    for the others at it."""
     import submitit
 
     env = submitit.JobEnvironment()
     if env.num_tasks > 1:
-        submitit.helpers.TorchDistributedEnvironment().export(set_cuda_visible_devices=False)
+        exported = submitit.helpers.TorchDistributedEnvironment()
+        if "MASTER_ADDR" not in os.environ:  # a site's own setting wins
+            exported.master_addr = rendezvous.address_of(exported.master_addr)
+        exported.export(set_cuda_visible_devices=False)
+        os.environ[distributed.RENDEZVOUS_TIMEOUT_ENV] = str(rendezvous_timeout_s)
 
 
 def share_cpu_threads() -> None:
@@ -44,9 +53,13 @@ class DistributedTask:
     def __call__(self) -> Any:
         if self.step.placement is Placement.TRAINING_RANKS:
             signals.listen()  # before seconds of imports: the warning may come that early
-        export_distributed_env()
-        share_cpu_threads()
-        result = self.step.run(self.cfg)
+        try:
+            export_distributed_env(self.cfg.cluster.rendezvous_timeout_s)
+            share_cpu_threads()
+            result = self.step.run(self.cfg)
+        except StageError as e:  # the job's log says why in one line, above submitit's trace
+            print(f"error: {e}", file=sys.stderr, flush=True)
+            raise
         if isinstance(result, Interrupted) and result.requeue:
             requeue(self.cfg.train.max_requeues)
         return result

@@ -14,6 +14,7 @@ from pipeline.core.paths import RunPaths
 from pipeline.data import shards
 from pipeline.data.datasets import check_data, load_manifest
 from pipeline.model.parameters import parameter_count
+from pipeline.model.sizes import padded_vocab
 from pipeline.planning.memory import memory_per_gpu
 from pipeline.planning.parallel_layout import ParallelLayout
 from pipeline.planning.search import search_layouts
@@ -159,15 +160,17 @@ def check_training(cfg: PipelineConfig, vocab_size: int) -> None:
     _check_fp8(cfg)
     _check_fits(cfg, vocab_size)
     _check_time_limit(cfg, vocab_size)
-    _check_resume_layout(cfg)
+    _check_resume_layout(cfg, vocab_size)
 
 
-def _check_resume_layout(cfg: PipelineConfig) -> None:
+def _check_resume_layout(cfg: PipelineConfig, vocab_size: int) -> None:
     paths = RunPaths.of(cfg.workdir)
-    if "train" not in cfg.stages or trains_on_gpu(cfg) or paths.train_done.exists():
+    if "train" not in cfg.stages or paths.train_done.exists():
         return
     problem = checkpoint_records.layout_problem(
-        (checkpoint_records.tracked_state(paths) or {}).get("layout"), cfg.parallel
+        checkpoint_records.tracked_state(paths),
+        "te" if trains_on_gpu(cfg) else "cpu",
+        padded_vocab(vocab_size, cfg.model, cfg.parallel.tensor),
     )
     if problem:
         raise ConfigError(f"{problem[0]}: {problem[1]}")

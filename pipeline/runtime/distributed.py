@@ -12,6 +12,12 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import timedelta
 
+from pipeline.core.errors import StageError
+
+# Set by the launcher with the other variables: seconds a rank waits for all of them to meet.
+RENDEZVOUS_TIMEOUT_ENV = "PIPELINE_RENDEZVOUS_TIMEOUT_S"
+DEFAULT_RENDEZVOUS_TIMEOUT_S = 300.0
+
 
 @dataclass(frozen=True)
 class Rank:
@@ -50,8 +56,40 @@ def init(backend: str | None = None, timeout_minutes: int = 30) -> Rank:
             backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout
         )
     else:
-        dist.init_process_group(backend, init_method="env://", timeout=timeout)
+        store = meet(
+            me, float(os.environ.get(RENDEZVOUS_TIMEOUT_ENV, DEFAULT_RENDEZVOUS_TIMEOUT_S))
+        )
+        store.set_timeout(timeout)  # from here on, collectives' patience, not the meeting's
+        dist.init_process_group(
+            backend, store=store, rank=me.rank, world_size=me.world_size, timeout=timeout
+        )
     return me
+
+
+def meet(me: Rank, timeout_s: float):
+    """Every rank connects to the store on MASTER_ADDR:MASTER_PORT, which rank 0 serves until
+    all have come. A rank that cannot reach it, or a rank 0 that some rank never reaches,
+    fails after `timeout_s` in one line, so a job with a wrong address ends instead of
+    holding its nodes."""
+    import torch.distributed as dist
+
+    address = f"{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}"
+    try:
+        return dist.TCPStore(
+            os.environ["MASTER_ADDR"],
+            int(os.environ["MASTER_PORT"]),
+            me.world_size,
+            is_master=me.is_first,
+            timeout=timedelta(seconds=timeout_s),
+            wait_for_workers=True,
+        )
+    except (RuntimeError, OSError) as e:  # torch's DistNetworkError, DistStoreError
+        cause = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        who = "some rank did not reach" if me.is_first else "could not reach"
+        raise StageError(
+            f"rendezvous: rank {me.rank} of {me.world_size}: {who} {address} within "
+            f"cluster.rendezvous_timeout_s={timeout_s:g} s ({cause})"
+        ) from None
 
 
 def any_rank(flag: bool, device=None) -> bool:

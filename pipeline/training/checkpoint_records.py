@@ -1,10 +1,9 @@
 """The checkpoints folder's records, read without torch (the launcher reads them before
 anything is submitted): the newest complete checkpoint and its state, the checkpoint that
-eval.checkpoint names, and whether a CPU run can resume under another parallel layout."""
+eval.checkpoint names, and whether a run can resume under another parallel layout."""
 
 from __future__ import annotations
 
-from pipeline.config import ParallelConfig
 from pipeline.core import files
 from pipeline.core.paths import RunPaths
 
@@ -39,17 +38,29 @@ def chosen(paths: RunPaths, choice: str) -> str | None:
     return tracker.read_text().strip() if tracker.is_file() else None
 
 
-def layout_problem(saved: dict | None, parallel: ParallelConfig) -> tuple[str, str] | None:
-    """(key, why) when a CPU run cannot resume from a checkpoint saved under the parallel
-    layout `saved` (its state.json's "layout"): the CPU optimizer's state belongs to the shard
-    each rank held."""
-    if not saved:
+def layout_problem(
+    saved: dict | None, backend: str, padded_vocab_size: int
+) -> tuple[str, str] | None:
+    """(key, why) when training cannot resume from the checkpoint whose state.json is `saved`
+    with the given backend and padded vocabulary. Its weights and optimizer state are sharded
+    by megatron-core's distributed format, so they load under any tensor, pipeline and
+    data-parallel layout, unless the layout pads the vocabulary to another size (the
+    embedding's shape) or another backend would read the optimizer state (its format)."""
+    layout = (saved or {}).get("layout")
+    if not layout:
         return None
-    differ = [k for k in LAYOUT_KEYS if saved[k] != getattr(parallel, k)]
-    if not differ:
-        return None
-    described = ", ".join(f"parallel.{k}={saved[k]}" for k in LAYOUT_KEYS)
-    return f"parallel.{differ[0]}", (
-        f"the checkpoint to resume was saved under {described}; on CPU, training resumes only "
-        "under the layout it saved (its weights load under any: stages=[evaluate])"
-    )
+    was = ", ".join(f"parallel.{k}={layout[k]}" for k in LAYOUT_KEYS)
+    if layout.get("backend") != backend:
+        return "train.device", (
+            f"the checkpoint to resume was written by the {layout.get('backend')} backend "
+            f"({was}), whose optimizer state the {backend} backend does not read; resume on "
+            "the same kind of device (its weights load anywhere: stages=[evaluate])"
+        )
+    if layout.get("padded_vocab_size") != padded_vocab_size:
+        return "parallel.tensor", (
+            f"the checkpoint to resume was saved under {was} with the vocabulary padded to "
+            f"{layout.get('padded_vocab_size')}; this layout pads it to {padded_vocab_size} "
+            "(model.make_vocab_size_divisible_by x parallel.tensor), another embedding shape; "
+            "choose a tensor-parallel size that pads it the same"
+        )
+    return None

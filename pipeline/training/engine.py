@@ -4,6 +4,7 @@ forward/backward through megatron-core's schedules. Training and evaluation both
 from __future__ import annotations
 
 import itertools
+import os
 from functools import partial
 
 import torch
@@ -14,7 +15,7 @@ from pipeline.data.datasets import MicroBatchSampler, loader
 from pipeline.model import gpt
 from pipeline.model.backends import base as backends
 from pipeline.model.sizes import padded_vocab
-from pipeline.runtime import distributed
+from pipeline.runtime import distributed, placement
 
 
 def _forward_step(device: torch.device, data_iterator, model):
@@ -58,6 +59,22 @@ class Engine:
         self.dp_size = parallel_state.get_data_parallel_world_size()  # of this job, as launched
         # the last rank is on the last pipeline stage, where the loss is
         self.is_logger = self.rank.rank == self.rank.world_size - 1
+
+    def placement(self) -> list[dict]:
+        """Every rank's node, local rank and coordinates in the layout (on every rank)."""
+        from megatron.core import parallel_state
+
+        return placement.gather(
+            {
+                "rank": self.rank.rank,
+                "node": placement.node_name(),
+                "local_rank": self.rank.local_rank,
+                "tensor": parallel_state.get_tensor_model_parallel_rank(),
+                "pipeline": parallel_state.get_pipeline_model_parallel_rank(),
+                "data": self.dp_rank,
+                "pid": os.getpid(),
+            }
+        )
 
     def _build_model(self) -> list[torch.nn.Module]:
         from megatron.core import parallel_state

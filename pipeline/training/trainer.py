@@ -22,6 +22,7 @@ from pipeline.core.steps import Interrupted
 from pipeline.data import datasets, evalsets, sources
 from pipeline.model import flops
 from pipeline.reporting.report import write_report
+from pipeline.runtime import placement
 from pipeline.runtime.gpus import peak_tflops
 from pipeline.training import checkpoint, checkpoint_records
 from pipeline.training.engine import Engine
@@ -138,10 +139,11 @@ class Trainer(Engine):
 
     def _check_resumable_layout(self, folder) -> None:
         """Refused before submission too (planning.preflight); here for a step called directly."""
-        if self.backend.reshards_optimizer:
-            return
-        saved = files.read_json(folder / "state.json").get("layout")
-        problem = checkpoint_records.layout_problem(saved, self.cfg.parallel)
+        saved = files.read_json(folder / "state.json")
+        layout = self.parallel_layout()
+        problem = checkpoint_records.layout_problem(
+            saved, layout["backend"], layout["padded_vocab_size"]
+        )
         if problem:
             raise RuntimeError(f"{folder}: {problem[1]}")
 
@@ -171,6 +173,15 @@ class Trainer(Engine):
 
     # --- logging ------------------------------------------------------------------------------
 
+    def _record_placement(self) -> None:
+        """train/ranks.json: for each attempt, the step it started from and where each rank ran."""
+        ranks = self.placement()
+        self._log(f"[train] {placement.describe(ranks)}")
+        if self.rank.is_first:
+            record = files.read_json_or_none(self.paths.ranks) or {"attempts": []}
+            record["attempts"].append({"from_step": self.state.step, "ranks": ranks})
+            files.write_json(self.paths.ranks, record)
+
     def _log(self, text: str) -> None:
         if self.is_logger:
             print(text, file=sys.stderr, flush=True)
@@ -195,6 +206,7 @@ class Trainer(Engine):
         cfg, t = self.cfg, self.cfg.train
         self.paths.train_dir.mkdir(parents=True, exist_ok=True)
         self.resume()
+        self._record_placement()
         self.metrics.keep_until(self.state.step)
         train_ds = datasets.train_dataset(cfg, self.manifest)
         # the same sequences at every validation, whole micro-batches on every rank

@@ -46,6 +46,10 @@ INVALID = [
     ("cluster.partition='gpu\nrm -rf ~'", "cluster.partition"),
     ("+cluster.sbatch_extra.comment='x\nrm -rf ~'", "cluster.sbatch_extra.comment"),
     ("+cluster.sbatch_extra.exclusive=false", "cluster.sbatch_extra.exclusive"),
+    ("+cluster.env.NCCL_DEBUG='INFO\nrm -rf ~'", "cluster.env.NCCL_DEBUG"),
+    ("+cluster.env.NCCL-IB=x", "cluster.env"),
+    ("cluster.container_mounts=[/lustre]", "cluster.container_mounts"),
+    ("cluster.srun_args=['--x\nrm -rf ~']", "cluster.srun_args"),
     ("force=trian", "force"),
     ("train.eval_iters=4", "train.eval_iters"),
 ]

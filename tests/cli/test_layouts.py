@@ -5,6 +5,7 @@ process: the evaluation job runs on whatever it has, whatever layout trained the
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -88,15 +89,37 @@ def test_pipeline_stage_checkpoint_in_one_process_gives_the_stages_validation_lo
     assert abs(loss - state["val_loss"]) <= 1e-5 * loss, (loss, state["val_loss"])
 
 
-def test_a_cpu_resume_under_another_layout_says_why_in_one_line(runs):
-    workdir = runs["tensor2"]
-    (workdir / "train" / "DONE.json").unlink()
-    result = cli(f"workdir={workdir}", *SMALL_SERIAL, "stages=[train]", "train.steps=30")
-    assert result.returncode == 2 and result.stderr.count("\n") == 1, result.stderr
-    assert result.stderr.startswith(
-        "error: parallel.tensor: the checkpoint to resume was saved under parallel.tensor=2, "
-        "parallel.pipeline=1, parallel.virtual_pipeline=None; on CPU, training resumes only "
-    )
+ONE_PROCESS = [
+    "cluster.executor=inprocess",
+    "cluster.tasks_per_node=1",
+    "parallel.tensor=1",
+    "parallel.pipeline=1",
+    "parallel.virtual_pipeline=null",
+]
+
+
+@pytest.mark.parametrize("name", ["tensor2", "pipeline2"])
+def test_a_run_saved_by_two_ranks_continues_in_one_process_on_the_same_curve(runs, name, tmp_path):
+    """Saved at step 20 by two ranks (tensor- or pipeline-parallel), continued to step 30 in
+    one process: weights, AdamW's moments and step count, the schedule and the data position
+    load under the other layout, and the losses are those of the same run continued under
+    its own layout."""
+    continued = {}
+    for where, layout in (("own layout", []), ("one process", ONE_PROCESS)):
+        workdir = tmp_path / where.replace(" ", "-")
+        shutil.copytree(runs[name], workdir, symlinks=True)
+        # the run's own overrides are replayed (runs.jsonl); these come after them
+        result = cli(f"workdir={workdir}", "stages=[train]", "train.steps=30", *layout)
+        assert result.returncode == 0, result.stderr[-3000:]
+        assert "at step 20" in result.stderr and "resumed from" in result.stderr
+        continued[where] = _metrics(workdir, "loss")
+    ours, reference = continued["one process"], continued["own layout"]
+    later = [step for step in reference if step > 20]
+    assert later and [s for s in ours if s > 20] == later
+    for step in later:
+        assert abs(ours[step] - reference[step]) <= 1e-4 * abs(reference[step]), step
+    ranks = json.loads(RunPaths.of(tmp_path / "one-process").ranks.read_text())["attempts"]
+    assert [len(a["ranks"]) for a in ranks] == [2, 1]  # two ranks saved it, one continued
 
 
 def test_pipeline_stages_on_cpu_with_tied_embeddings_are_refused_before_anything_runs(tmp_path):
@@ -109,3 +132,26 @@ def test_pipeline_stages_on_cpu_with_tied_embeddings_are_refused_before_anything
     assert result.returncode == 2
     assert result.stderr.startswith("error: parallel.pipeline: ") and result.stderr.count("\n") == 1
     assert not (tmp_path / "run").exists()
+
+
+def test_a_layout_that_pads_the_vocabulary_otherwise_is_refused_before_anything_runs(
+    tokenized, tmp_path
+):
+    """Weights and optimizer state load under any layout, but the embedding's shape is the
+    vocabulary padded to a multiple of make_vocab_size_divisible_by x parallel.tensor: 512
+    tokens pad to 576 in one process and to 768 under two tensor-parallel ranks."""
+    workdir = copy_tokenized(tokenized, tmp_path / "run")
+    padded = ["model.make_vocab_size_divisible_by=192", "train.steps=10", "train.save_interval=10"]
+    first = cli(f"workdir={workdir}", *SMALL_SERIAL, "stages=[train]", *padded)
+    assert first.returncode == 0, first.stderr[-3000:]
+    (workdir / "train" / "DONE.json").unlink()  # as if stopped after its checkpoint
+    before = sorted(p.relative_to(workdir) for p in workdir.rglob("*"))
+    refused = cli(f"workdir={workdir}", "train.steps=20", "parallel.tensor=2", *TWO_RANKS)
+    assert refused.returncode == 2 and refused.stderr.count("\n") == 1, refused.stderr
+    assert refused.stderr == (
+        "error: parallel.tensor: the checkpoint to resume was saved under parallel.tensor=1, "
+        "parallel.pipeline=1, parallel.virtual_pipeline=None with the vocabulary padded to 576; "
+        "this layout pads it to 768 (model.make_vocab_size_divisible_by x parallel.tensor), "
+        "another embedding shape; choose a tensor-parallel size that pads it the same\n"
+    )
+    assert sorted(p.relative_to(workdir) for p in workdir.rglob("*")) == before

@@ -12,7 +12,7 @@ from pipeline.training.steps import TRAIN
 from tests.conftest import changed, loss_curve
 
 
-@pytest.mark.parametrize("name", ["dist/__0_0.distcp", "optimizer_tp00_pp00.pt", "state.json"])
+@pytest.mark.parametrize("name", ["dist/__0_0.distcp", "dist/common.pt", "state.json"])
 def test_a_flipped_byte_is_detected_and_the_previous_checkpoint_resumes(run_copy, name):
     cfg = changed(run_copy, "train", log_interval=1)
     TRAIN.run(cfg)

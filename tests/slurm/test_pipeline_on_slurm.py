@@ -35,23 +35,26 @@ def sacct(job_ids: list[str]) -> dict[str, dict[str, str]]:
     """Latest allocation row of each job (array tasks as ID_N)."""
     ids = ",".join(sorted({j.split("_")[0] for j in job_ids}))
     out = subprocess.run(
-        ["sacct", "-X", "-n", "-P", "-j", ids, "-o", "JobID,State,Start,End"],
+        ["sacct", "-X", "-n", "-P", "-j", ids, "-o", "JobID,State,Start,End,NodeList"],
         capture_output=True,
         text=True,
         timeout=60,
     ).stdout
     rows = {}
     for line in out.splitlines():
-        job, state, start, end = line.split("|")
-        rows[job] = {"state": state.split()[0], "start": start, "end": end}
+        job, state, start, end, nodes = line.split("|")
+        rows[job] = {"state": state.split()[0], "start": start, "end": end, "nodes": nodes}
     for job in job_ids:  # array tasks that never started come as one row, ID_[0-1]
         grouped = [v for k, v in rows.items() if k.startswith(job.split("_")[0] + "_[")]
         rows.setdefault(job, grouped[0] if grouped else {"state": "UNKNOWN"})
     return rows
 
 
-def wait_for(workdir: Path, timeout_s: float) -> dict[str, list[dict[str, str]]]:
-    """Wait until every job of the latest submission is finished; their rows by step."""
+def wait_for(
+    workdir: Path, timeout_s: float, ended: set[str] = DONE
+) -> dict[str, list[dict[str, str]]]:
+    """Wait until every job of the latest submission is in a state of `ended`; their rows by
+    step."""
     jobs = json.loads((workdir / "jobs.json").read_text())[-1]["jobs"]
     deadline = time.time() + timeout_s
     while True:
@@ -59,7 +62,7 @@ def wait_for(workdir: Path, timeout_s: float) -> dict[str, list[dict[str, str]]]
         states = {
             step: [rows.get(j, {"state": "UNKNOWN"}) for j in ids] for step, ids in jobs.items()
         }
-        if all(r["state"] in DONE for rs in states.values() for r in rs):
+        if all(r["state"] in ended for rs in states.values() for r in rs):
             return states
         assert time.time() < deadline, f"jobs still running: {states}"
         time.sleep(3)
@@ -76,6 +79,7 @@ def test_the_whole_graph_runs_as_chained_jobs(slurm_cluster, tmp_path):
     assert all(r["state"] == "COMPLETED" for rs in states.values() for r in rs), states
     plan = json.loads((workdir / "data" / "plan.json").read_text())
     assert len(states["tokenize"]) == len(plan["shards"]) == 2  # one array task per shard
+    assert len({r["nodes"] for r in states["tokenize"]}) == 2  # the array spreads over nodes
     order = ["tokenizer", "tokenize", "verify", "index", "train", "evaluate"]
     for before, after in zip(order, order[1:], strict=False):
         assert max(r["end"] for r in states[before]) <= min(r["start"] for r in states[after])

@@ -1,7 +1,8 @@
 """Executors behind one interface, chosen by name; the sbatch scripts the Slurm executor writes
-for a few configs equal the expected files kept beside this test (expected_sbatch/: the
-scripts of the version before the package layout, paths replaced by <workdir> and <python>).
-After an intended change of the scripts, rewrite them with PIPELINE_UPDATE_EXPECTED=1."""
+for a few configs equal the expected files kept beside this test (expected_sbatch/, paths
+replaced by <workdir> and <python>; first made by the version before the package layout, then
+changed only on purpose: a site's NCCL variables, srun options and containers). After an
+intended change of the scripts, rewrite them with PIPELINE_UPDATE_EXPECTED=1 and read the diff."""
 
 from __future__ import annotations
 
@@ -29,6 +30,15 @@ CONFIGS = {
         "model=gpt-1.3b",
         "+cluster.sbatch_extra.constraint=h100",
         "cluster.account=proj",
+    ],
+    "gpu-container": [
+        "cluster=gpu-cluster",
+        "train=gpu",
+        "model=gpt-1.3b",
+        "cluster.container_image=/images/pretrain.sqsh",
+        "cluster.container_mounts=[/lustre:/lustre,/scratch:/scratch:ro]",
+        "cluster.env.NCCL_SOCKET_IFNAME=eth0",
+        "stages=[train]",
     ],
     "cpu-ranks": [
         "cluster=slurm",

@@ -24,7 +24,7 @@ BELOW = {
     "planning": {"core", "config", "runtime", "data", "model", "training", "reporting"},
 }
 BELOW["orchestration"] = set(BELOW) | {"planning"}
-# the package's face, the command lines, and what loads jobs queued by the previous version
+# the package's face and the command lines
 ENTRY_POINTS = {"pipeline", "__main__", "cli", "step", "status", "plan"}
 
 

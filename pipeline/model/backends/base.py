@@ -20,7 +20,6 @@ from pipeline.runtime.device import resolve_device
 class Backend(Protocol):
     name: str
     device: torch.device
-    reshards_optimizer: bool  # resumes under another tensor/pipeline layout
 
     def transformer_options(self, cfg: PipelineConfig) -> dict[str, Any]: ...
     def layer_spec(self, cfg: PipelineConfig, config: Any, vp_stage: int | None) -> Any: ...

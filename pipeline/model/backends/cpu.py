@@ -151,18 +151,50 @@ class DataParallelAdamW:
     def load_state_dict(self, state: dict) -> None:
         self.optimizer.load_state_dict(state)
 
+    def sharded_state_dict(self, model_state: dict, loading: bool) -> dict:
+        """The moments of each parameter sharded as the parameter is (megatron-core's
+        distributed checkpoint format), so they load under any tensor, pipeline or
+        data-parallel layout; hyperparameters and the step count are common to all ranks.
+        Loading, the moments are placeholders for what the checkpoint holds."""
+        from megatron.core.dist_checkpointing.optimizer import (
+            get_param_id_to_sharded_param_map,
+            optim_state_to_sharding_state,
+        )
 
-def _save(obj: Any, path: Path) -> None:
-    """torch.save through a Python file, so that a failed write (disk full) keeps its OSError
-    behind torch's RuntimeError; given a path, torch reports only a position mismatch."""
-    with open(path, "wb") as f:
-        torch.save(obj, f)
+        state = self.optimizer.state_dict()
+        if loading or not state["state"]:  # no step taken yet: zero moments, step 0
+            state["state"] = {
+                i: {
+                    "step": torch.tensor(0.0),
+                    "exp_avg": torch.zeros_like(p),
+                    "exp_avg_sq": torch.zeros_like(p),
+                }
+                for i, p in enumerate(self._in_state_order())
+            }
+        steps = {float(s["step"]) for s in state["state"].values()}
+        if len(steps) != 1:  # every parameter has a gradient (zeros if unused) at every step
+            raise RuntimeError(f"AdamW parameters at different step counts: {sorted(steps)}")
+        by_id = get_param_id_to_sharded_param_map(model_state, self._in_state_order())
+        optim_state_to_sharding_state(state, by_id, exclude_keys=("step",))
+        state["adam_step"] = steps.pop()
+        return state
+
+    def load_sharded(self, loaded: dict) -> None:
+        """What sharded_state_dict asked for, read back: the step count given to every
+        parameter again."""
+        step = loaded.pop("adam_step")
+        for moments in loaded["state"].values():
+            moments["step"] = torch.tensor(step)
+        self.optimizer.load_state_dict(loaded)
+
+    def _in_state_order(self) -> list[torch.nn.Parameter]:
+        """The parameters in the order torch numbers them in its state dict."""
+        return [p for group in self.optimizer.param_groups for p in group["params"]]
 
 
 class CpuBackend:
     name = "cpu"
     device = torch.device("cpu")
-    reshards_optimizer = False  # torch AdamW state belongs to this rank's shard of the model
 
     def transformer_options(self, cfg: PipelineConfig) -> dict[str, Any]:
         if cfg.train.precision != "fp32":
@@ -217,23 +249,32 @@ class CpuBackend:
         stack.enter_context(cuda_calls_on_cpu())  # pipeline stages send and receive over gloo
         return stack
 
-    def save(self, folder: Path, chunks: list[torch.nn.Module], optimizer: Any) -> None:
-        from megatron.core import parallel_state
+    def _sharded_state(self, chunks, optimizer, loading: bool) -> dict:
+        state = dist_checkpoint.model_state(chunks)
+        if optimizer is not None:
+            state["optimizer"] = optimizer.sharded_state_dict(dict(state), loading)
+        return state
 
-        dist_checkpoint.save(folder, dist_checkpoint.model_state(chunks), on_cpu=True)
-        if optimizer is not None and parallel_state.get_data_parallel_rank() == 0:
-            # data-parallel replicas hold the same optimizer state: one file per model shard
-            _save(optimizer.state_dict(), folder / _optimizer_file())
+    def save(self, folder: Path, chunks: list[torch.nn.Module], optimizer: Any) -> None:
+        dist_checkpoint.save(folder, self._sharded_state(chunks, optimizer, False), on_cpu=True)
 
     def load(self, folder: Path, chunks: list[torch.nn.Module], optimizer: Any | None) -> None:
         dist_checkpoint.load_weights(folder, chunks)
-        if optimizer is not None:
+        if optimizer is None:
+            return
+        if any(folder.glob("optimizer_tp*_pp*.pt")):  # written by 0.2: one file per model shard
             state = torch.load(folder / _optimizer_file(), map_location="cpu", weights_only=False)
             optimizer.load_state_dict(state)
+            return
+        wanted = {
+            "optimizer": optimizer.sharded_state_dict(dist_checkpoint.model_state(chunks), True)
+        }
+        optimizer.load_sharded(dist_checkpoint.load(folder, wanted)["optimizer"])
 
 
 def _optimizer_file() -> str:
-    """This rank's optimizer file, named by its tensor- and pipeline-parallel rank."""
+    """This rank's optimizer file in a checkpoint of 0.2, named by its tensor- and
+    pipeline-parallel rank."""
     from megatron.core import parallel_state as ps
 
     tp, pp = ps.get_tensor_model_parallel_rank(), ps.get_pipeline_model_parallel_rank()

@@ -43,7 +43,6 @@ def _require_fp8() -> None:
 
 class TransformerEngineBackend:
     name = "transformer_engine"
-    reshards_optimizer = True  # megatron-core's optimizer state is saved fully reshardable
 
     def __init__(self) -> None:
         import transformer_engine  # noqa: F401  (fail early and clearly when it is missing)

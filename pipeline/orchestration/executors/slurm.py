@@ -5,6 +5,7 @@ running job requeues itself from pipeline.orchestration.tasks)."""
 
 from __future__ import annotations
 
+import shlex
 from typing import Any
 
 from pipeline.config import PipelineConfig
@@ -34,7 +35,8 @@ def slurm_parameters(cfg: PipelineConfig, step: Step) -> dict[str, Any]:
         gpus_per_node=needs.gpus_per_node or None,
         mem=f"{c.mem_gb}G" if c.mem_gb else None,
         time=slurm_minutes(needs.time_limit, "cluster.time_limit"),
-        setup=list(c.setup),
+        setup=[*c.setup, *(f"export {k}={shlex.quote(str(v))}" for k, v in c.env.items())],
+        srun_args=srun_args(cfg) or None,
         array_parallelism=c.array_parallelism,
         additional_parameters=extra,
     )
@@ -43,6 +45,17 @@ def slurm_parameters(cfg: PipelineConfig, step: Step) -> dict[str, Any]:
         params["signal_delay_s"] = cfg.train.exit_signal_lead_s
         extra["requeue"] = True
     return {k: v for k, v in params.items() if v is not None}
+
+
+def srun_args(cfg: PipelineConfig) -> list[str]:
+    """What the tasks' srun gets beyond submitit's own: the container (pyxis), then the site's."""
+    c = cfg.cluster
+    args = []
+    if c.container_image:
+        args.append(f"--container-image={c.container_image}")
+    if c.container_mounts:
+        args.append(f"--container-mounts={','.join(c.container_mounts)}")
+    return [*args, *c.srun_args]
 
 
 def _executor(cfg: PipelineConfig, step: Step, after: str | None):

@@ -1,0 +1,46 @@
+"""Where a job's ranks meet: the first node of the allocation, by an address every rank can
+reach. Slurm names nodes, and a node's name need not be a host name (n1, gpu-a07): then the
+address is the NodeAddr Slurm has for it."""
+
+from __future__ import annotations
+
+import re
+import socket
+import subprocess
+
+from pipeline.core.errors import StageError
+
+NODE_ADDR = re.compile(r"\bNodeAddr=(\S+)")
+
+
+def resolves(name: str) -> bool:
+    try:
+        socket.getaddrinfo(name, None)
+    except (socket.gaierror, UnicodeError):
+        return False
+    return True
+
+
+def address_of(node: str) -> str:
+    """`node` itself when it resolves (no load on slurmctld), else its NodeAddr from
+    `scontrol show node`."""
+    if resolves(node):
+        return node
+    try:
+        shown = subprocess.run(
+            ["scontrol", "show", "node", node], capture_output=True, text=True, timeout=60
+        )
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise StageError(
+            f"rendezvous: node {node} is not a host name and `scontrol show node {node}` "
+            f"could not run ({e}); set MASTER_ADDR to an address of the first node"
+        ) from None
+    found = NODE_ADDR.search(shown.stdout)
+    if shown.returncode != 0 or not found:
+        said = (shown.stderr or shown.stdout).strip().splitlines()
+        raise StageError(
+            f"rendezvous: node {node} is not a host name and Slurm gave no NodeAddr for it "
+            f"({said[0] if said else f'scontrol exit {shown.returncode}'}); set MASTER_ADDR "
+            "to an address of the first node"
+        )
+    return found.group(1)

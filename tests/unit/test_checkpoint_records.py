@@ -1,0 +1,29 @@
+"""Which checkpoints a training can resume from: any tensor, pipeline or data-parallel layout,
+except one that pads the vocabulary to another size or a backend that writes its optimizer
+state in another format. The states are state.json's "layout" as the trainer writes it."""
+
+from __future__ import annotations
+
+from pipeline.training.checkpoint_records import layout_problem
+
+
+def state(backend: str = "cpu", tensor: int = 2, padded: int = 512) -> dict:
+    layout = {"tensor": tensor, "pipeline": 1, "virtual_pipeline": None}
+    return {"layout": {**layout, "padded_vocab_size": padded, "backend": backend}}
+
+
+def test_another_tensor_pipeline_or_data_layout_resumes():
+    assert layout_problem(state(tensor=2), "cpu", 512) is None
+    assert layout_problem(None, "cpu", 512) is None  # nothing saved yet
+    assert layout_problem({"step": 3}, "te", 512) is None
+
+
+def test_another_padded_vocabulary_is_refused_naming_parallel_tensor():
+    key, why = layout_problem(state(tensor=1, padded=576), "cpu", 768)
+    assert key == "parallel.tensor" and "padded to 576; this layout pads it to 768" in why
+
+
+def test_another_backend_is_refused_naming_the_device():
+    key, why = layout_problem(state(backend="te"), "cpu", 512)
+    assert key == "train.device"
+    assert why.startswith("the checkpoint to resume was written by the te backend (")
