@@ -127,13 +127,38 @@ def out_of_space_message(cause: OSError, what: str) -> str:
     )
 
 
+def probe_space(folder: Path) -> OSError | None:
+    """Whether a write in `folder` fails for lack of space now, found by trying one. Writers
+    that report a short write without its errno (torch's zip writer: "unexpected pos", from
+    megatron-core's checkpoint workers) leave this the only way to tell: one byte past the
+    largest file there meets a file-size limit, a block of 1 MiB a full disk or quota."""
+    sizes = [p.stat().st_size for p in folder.rglob("*") if p.is_file()] if folder.is_dir() else []
+    probe = folder / ".space-probe"
+    try:
+        with open(probe, "wb") as f:
+            f.seek(max(sizes, default=0))
+            f.write(b"\0")
+            f.flush()
+            f.write(bytes(1 << 20))
+            f.flush()
+            os.fsync(f.fileno())
+    except OSError as e:
+        return e if e.errno in SPACE_ERRNOS else None
+    finally:
+        probe.unlink(missing_ok=True)
+    return None
+
+
 @contextlib.contextmanager
-def reporting_space(what: str) -> Iterator[None]:
-    """Turn running out of space while writing `what` into one clear OutOfSpace error."""
+def reporting_space(what: str, probe: Path | None = None) -> Iterator[None]:
+    """Turn running out of space while writing `what` into one clear OutOfSpace error; `probe`:
+    the folder being written, tried when the error does not say why."""
     try:
         yield
-    except Exception as e:
-        cause = space_error(e)
+    except (KeyboardInterrupt, SystemExit):
+        raise
+    except BaseException as e:  # torch's CheckpointException is a BaseException
+        cause = space_error(e) or (probe_space(probe) if probe is not None else None)
         if cause is None:
             raise
         raise OutOfSpace(out_of_space_message(cause, what)) from e

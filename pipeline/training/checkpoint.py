@@ -164,7 +164,7 @@ def save(root: Path, step: int, state: dict, backend, chunks, optimizer, keep_la
         partial.mkdir(parents=True)
     _barrier()
     try:
-        with files.reporting_space(f"checkpoint {partial}"):
+        with files.reporting_space(f"checkpoint {partial}", probe=partial):
             _write(partial, step, state, backend, chunks, optimizer)
     except BaseException:
         if _rank() == 0:
