@@ -2,8 +2,8 @@
 names that are not host names): one job of 2 nodes x 2 gloo ranks, launched as on a GPU
 cluster (srun, one task per rank, the rendezvous at the first node's NodeAddr), whose ranks
 ran on different nodes and whose loss follows a single process's on the same data (data 4,
-tensor 2 x data 2, pipeline 2 x data 2); the same run continued on one node of two
-data-parallel ranks; a node lost while the job trains; requests no node can run."""
+tensor 2 x data 2); the same run continued on one node of two data-parallel ranks; a node
+lost while the job trains; requests no node can run."""
 
 from __future__ import annotations
 
@@ -28,14 +28,8 @@ TWO_NODES = [
     "cluster.tasks_per_node=2",
     "cluster.cpus_per_task=1",
 ]
-LAYOUTS = {
-    "data4": [],
-    "tensor2_data2": ["parallel.tensor=2"],
-    "pipeline2_data2": ["parallel.pipeline=2"],
-}
-# the model itself: pipeline stages on the CPU need untied embeddings (so does the reference)
-MODEL = {"pipeline2_data2": ("model.untie_embeddings=true",)}
-ONE_NODE = ["cluster.nodes=1", "parallel.tensor=1", "parallel.pipeline=1"]
+LAYOUTS = {"data4": [], "tensor2_data2": ["parallel.tensor=2"]}
+ONE_NODE = ["cluster.nodes=1", "parallel.tensor=1"]
 
 
 def losses(workdir: Path) -> dict[int, float]:
@@ -44,21 +38,14 @@ def losses(workdir: Path) -> dict[int, float]:
 
 
 @pytest.fixture(scope="module")
-def single(tokenized, tmp_path_factory):
+def single(tokenized, tmp_path_factory) -> dict[int, float]:
     """The losses of the same model and data in one process (cluster=local), accumulating 4
-    micro-batches: 20 steps, then continued to 30 as the runs below are (one run per model)."""
-    curves: dict[tuple[str, ...], dict[int, float]] = {}
-
-    def curve(model: tuple[str, ...]) -> dict[int, float]:
-        if model not in curves:
-            workdir = copy_tokenized(tokenized, tmp_path_factory.mktemp("single"))
-            for more in ([], ["train.steps=30"]):
-                result = cli(f"workdir={workdir}", *SMALL_SERIAL, *BATCH, *model, *more)
-                assert result.returncode == 0, result.stderr[-3000:]
-            curves[model] = losses(workdir)
-        return curves[model]
-
-    return curve
+    micro-batches: 20 steps, then continued to 30 as the runs below are."""
+    workdir = copy_tokenized(tokenized, tmp_path_factory.mktemp("single"))
+    for more in ([], ["train.steps=30"]):
+        result = cli(f"workdir={workdir}", *SMALL_SERIAL, *BATCH, *more)
+        assert result.returncode == 0, result.stderr[-3000:]
+    return losses(workdir)
 
 
 def assert_same_curve(ours: dict[int, float], reference: dict[int, float]) -> None:
@@ -72,8 +59,7 @@ def test_two_nodes_of_two_ranks_train_as_one_process_does_then_continue_on_one_n
     slurm_cluster, tokenized, single, tmp_path, layout
 ):
     workdir = copy_tokenized(tokenized, tmp_path / "run")
-    model = MODEL.get(layout, ())
-    pipeline(f"workdir={workdir}", *SMALL_SERIAL, *BATCH, *model, *TWO_NODES, *LAYOUTS[layout])
+    pipeline(f"workdir={workdir}", *SMALL_SERIAL, *BATCH, *TWO_NODES, *LAYOUTS[layout])
     states = wait_for(workdir, 600)
     assert all(r["state"] == "COMPLETED" for rs in states.values() for r in rs), states
 
@@ -85,8 +71,6 @@ def test_two_nodes_of_two_ranks_train_as_one_process_does_then_continue_on_one_n
     assert [r["local_rank"] for r in ranks] == [0, 1, 0, 1]
     if layout == "tensor2_data2":  # a tensor-parallel pair inside a node, as on GPU clusters
         assert [(r["tensor"], r["data"]) for r in ranks] == [(0, 0), (1, 0), (0, 1), (1, 1)]
-    if layout == "pipeline2_data2":  # megatron-core's order: stages across nodes, DP inside
-        assert [(r["pipeline"], r["data"]) for r in ranks] == [(0, 0), (0, 1), (1, 0), (1, 1)]
     [train_job] = json.loads((workdir / "jobs.json").read_text())[-1]["jobs"]["train"]
     accounted = subprocess.run(
         ["sacct", "-X", "-n", "-P", "-j", train_job, "-o", "NodeList"],
@@ -94,8 +78,7 @@ def test_two_nodes_of_two_ranks_train_as_one_process_does_then_continue_on_one_n
     ).stdout.split()  # fmt: skip
     assert accounted and set(nodes) <= expand(accounted[0])
 
-    reference = single(model)
-    assert_same_curve(losses(workdir), {s: v for s, v in reference.items() if s <= 20})
+    assert_same_curve(losses(workdir), {s: v for s, v in single.items() if s <= 20})
 
     # the same run continued on one node of two ranks (data-parallel 2, no tensor parallelism):
     # the same global batch, model, optimizer state, schedule and data position
@@ -107,7 +90,7 @@ def test_two_nodes_of_two_ranks_train_as_one_process_does_then_continue_on_one_n
         (0, 2),
         (20, 1),
     ]
-    assert_same_curve(losses(workdir), reference)
+    assert_same_curve(losses(workdir), single)
 
 
 def expand(nodelist: str) -> set[str]:
