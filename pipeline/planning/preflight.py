@@ -13,6 +13,7 @@ from pipeline.core.errors import ConfigError
 from pipeline.core.paths import RunPaths
 from pipeline.data import shards
 from pipeline.data.datasets import check_data, load_manifest
+from pipeline.model.backends import names as backend_names
 from pipeline.model.parameters import parameter_count
 from pipeline.model.sizes import padded_vocab
 from pipeline.planning.memory import memory_per_gpu
@@ -169,7 +170,7 @@ def _check_resume_layout(cfg: PipelineConfig, vocab_size: int) -> None:
         return
     problem = checkpoint_records.layout_problem(
         checkpoint_records.tracked_state(paths),
-        "te" if trains_on_gpu(cfg) else "cpu",
+        backend_names.for_training(cfg),
         padded_vocab(vocab_size, cfg.model, cfg.parallel.tensor),
     )
     if problem:

@@ -4,7 +4,9 @@ state in another format. The states are state.json's "layout" as the trainer wri
 
 from __future__ import annotations
 
+from pipeline.model.backends import names
 from pipeline.training.checkpoint_records import layout_problem
+from tests.conftest import make_config
 
 
 def state(backend: str = "cpu", tensor: int = 2, padded: int = 512) -> dict:
@@ -15,7 +17,17 @@ def state(backend: str = "cpu", tensor: int = 2, padded: int = 512) -> dict:
 def test_another_tensor_pipeline_or_data_layout_resumes():
     assert layout_problem(state(tensor=2), "cpu", 512) is None
     assert layout_problem(None, "cpu", 512) is None  # nothing saved yet
-    assert layout_problem({"step": 3}, "te", 512) is None
+    assert layout_problem({"step": 3}, names.TRANSFORMER_ENGINE, 512) is None
+
+
+def test_a_gpu_run_resumes_its_own_checkpoint():
+    """The launcher names the backend before any GPU is there; it must be the name the GPU
+    backend writes into the checkpoint's layout."""
+    gpu = make_config("/tmp/unused", "train=gpu", "cluster.gpus_per_node=1")
+    cpu = make_config("/tmp/unused")
+    saved = state(backend=names.TRANSFORMER_ENGINE)
+    assert layout_problem(saved, names.for_training(gpu), 512) is None
+    assert layout_problem(saved, names.for_training(cpu), 512)[0] == "train.device"
 
 
 def test_another_padded_vocabulary_is_refused_naming_parallel_tensor():
@@ -24,6 +36,8 @@ def test_another_padded_vocabulary_is_refused_naming_parallel_tensor():
 
 
 def test_another_backend_is_refused_naming_the_device():
-    key, why = layout_problem(state(backend="te"), "cpu", 512)
+    key, why = layout_problem(state(backend=names.TRANSFORMER_ENGINE), names.CPU, 512)
     assert key == "train.device"
-    assert why.startswith("the checkpoint to resume was written by the te backend (")
+    assert why.startswith(
+        "the checkpoint to resume was written by the transformer_engine backend ("
+    )

@@ -13,6 +13,7 @@ import torch.nn.functional as F
 
 from pipeline.config import PipelineConfig, TrainConfig
 from pipeline.model import dist_checkpoint
+from pipeline.model.backends import names
 from pipeline.runtime.device import cuda_allocations_on_cpu, cuda_calls_on_cpu
 
 
@@ -193,7 +194,7 @@ class DataParallelAdamW:
 
 
 class CpuBackend:
-    name = "cpu"
+    name = names.CPU
     device = torch.device("cpu")
 
     def transformer_options(self, cfg: PipelineConfig) -> dict[str, Any]:

@@ -12,6 +12,7 @@ import torch
 
 from pipeline.config import PipelineConfig
 from pipeline.model import dist_checkpoint
+from pipeline.model.backends import names
 from pipeline.model.sizes import params_dtype
 from pipeline.runtime import distributed
 
@@ -42,7 +43,7 @@ def _require_fp8() -> None:
 
 
 class TransformerEngineBackend:
-    name = "transformer_engine"
+    name = names.TRANSFORMER_ENGINE
 
     def __init__(self) -> None:
         import transformer_engine  # noqa: F401  (fail early and clearly when it is missing)
