@@ -50,6 +50,12 @@ def transformer_config(cfg: PipelineConfig, backend: Backend) -> TransformerConf
         fp16=t.precision == "fp16",
         params_dtype=dtype,
         pipeline_dtype=dtype,
+        # the interleaved schedule's batched send/receive pairs an activation with a gradient
+        # when both stages' neighbours are one rank (pipeline 2): silently wrong training
+        # (Megatron-LM #750, #1450); separate forward and backward exchanges are right for any
+        # pipeline size
+        overlap_p2p_comm=bool(p.virtual_pipeline),
+        batch_p2p_comm=not p.virtual_pipeline,
         **recompute,
         **backend.transformer_options(cfg),
     )

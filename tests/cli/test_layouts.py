@@ -20,13 +20,16 @@ TWO_RANKS = ["cluster.executor=subprocess", "cluster.tasks_per_node=2", "stages=
 LAYOUTS = {
     "single": [],
     "tensor2": ["parallel.tensor=2"],
+    "single_4_layers": ["model.num_layers=4"],
     # two stages of two virtual stages each: megatron-core's interleaved schedule
     "pipeline2": ["parallel.pipeline=2", "parallel.virtual_pipeline=2", "model.num_layers=4"],
 }
+# each layout against one process training the same model
+REFERENCE = {"tensor2": "single", "pipeline2": "single_4_layers"}
 
 
 def _args(workdir: Path, name: str) -> list[str]:
-    ranks = TWO_RANKS if LAYOUTS[name] else ["stages=[train]"]
+    ranks = TWO_RANKS if name in REFERENCE else ["stages=[train]"]
     return [f"workdir={workdir}", *SMALL_SERIAL, *ranks, *LAYOUTS[name]]
 
 
@@ -46,11 +49,15 @@ def _metrics(workdir: Path, key: str) -> dict[int, float]:
     return {r["step"]: r[key] for r in map(json.loads, lines) if key in r}
 
 
-def test_two_tensor_parallel_ranks_follow_the_single_process_curve(runs):
-    """Weights are initialised whole and then split, so both layouts start from one model; the
-    gradient norm counts each shard once and each copied weight (norms) once."""
+@pytest.mark.parametrize("name", REFERENCE)
+def test_two_ranks_follow_the_single_process_curve(runs, name):
+    """Weights are initialised whole and then split, and each layer from the seed and its
+    place in the model, so every layout starts from one model; the gradient norm counts each
+    shard once and each copied weight (norms) once; the interleaved schedule's activations
+    and gradients, exchanged by two stages that are each other's both neighbours, are not
+    crossed."""
     for key in ("loss", "grad_norm", "val_loss"):
-        single, split = _metrics(runs["single"], key), _metrics(runs["tensor2"], key)
+        single, split = _metrics(runs[REFERENCE[name]], key), _metrics(runs[name], key)
         assert single.keys() == split.keys() and single, key
         for step in single:
             assert abs(single[step] - split[step]) <= 1e-4 * abs(single[step]), (key, step)

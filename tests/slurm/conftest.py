@@ -1,4 +1,4 @@
-"""A real single-node Slurm cluster (with accounting) for the tests in this folder.
+"""A real Slurm cluster of three nodes (with accounting) for the tests in this folder.
 
 The cluster is started once per session by ``tools/local_slurm.sh up`` in a temp dir
 and stopped by ``tools/local_slurm.sh down`` at the end. ``SLURM_CONF`` is set in

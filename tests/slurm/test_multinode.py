@@ -2,7 +2,7 @@
 names that are not host names): one job of 2 nodes x 2 gloo ranks, launched as on a GPU
 cluster (srun, one task per rank, the rendezvous at the first node's NodeAddr), whose ranks
 ran on different nodes and whose loss follows a single process's on the same data (data 4,
-tensor 2 x data 2); the same run continued on one node of two data-parallel ranks; a node
+tensor 2 x data 2, pipeline 2 x data 2); the same run continued on one node of two data-parallel ranks; a node
 lost while the job trains; requests no node can run."""
 
 from __future__ import annotations
@@ -28,8 +28,12 @@ TWO_NODES = [
     "cluster.tasks_per_node=2",
     "cluster.cpus_per_task=1",
 ]
-LAYOUTS = {"data4": [], "tensor2_data2": ["parallel.tensor=2"]}
-ONE_NODE = ["cluster.nodes=1", "parallel.tensor=1"]
+LAYOUTS = {
+    "data4": [],
+    "tensor2_data2": ["parallel.tensor=2"],
+    "pipeline2_data2": ["parallel.pipeline=2"],
+}
+ONE_NODE = ["cluster.nodes=1", "parallel.tensor=1", "parallel.pipeline=1"]
 
 
 def losses(workdir: Path) -> dict[int, float]:
@@ -71,6 +75,8 @@ def test_two_nodes_of_two_ranks_train_as_one_process_does_then_continue_on_one_n
     assert [r["local_rank"] for r in ranks] == [0, 1, 0, 1]
     if layout == "tensor2_data2":  # a tensor-parallel pair inside a node, as on GPU clusters
         assert [(r["tensor"], r["data"]) for r in ranks] == [(0, 0), (1, 0), (0, 1), (1, 1)]
+    if layout == "pipeline2_data2":  # megatron-core's order: stages across nodes, data inside
+        assert [(r["pipeline"], r["data"]) for r in ranks] == [(0, 0), (0, 1), (1, 0), (1, 1)]
     [train_job] = json.loads((workdir / "jobs.json").read_text())[-1]["jobs"]["train"]
     accounted = subprocess.run(
         ["sacct", "-X", "-n", "-P", "-j", train_job, "-o", "NodeList"],

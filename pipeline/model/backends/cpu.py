@@ -84,6 +84,28 @@ def _cpu_rotary_class():
     return CpuRotaryEmbedding
 
 
+def _seeded_layer_class():
+    from megatron.core import parallel_state
+    from megatron.core.transformer.transformer_layer import (
+        TransformerLayer,
+        get_transformer_layer_offset,
+    )
+
+    class SeededTransformerLayer(TransformerLayer):
+        """A transformer layer whose weights are drawn from the run's seed and the layer's
+        place in the whole model, so a pipeline stage builds the same layers as one process
+        does: the initial model is the same under every layout (tensor-parallel shards are
+        cut from whole weights already, with use_cpu_initialization)."""
+
+        def __init__(self, config, submodules, layer_number: int = 1, *args, seed: int, **kw):
+            pipeline_rank = parallel_state.get_pipeline_model_parallel_rank()
+            offset = get_transformer_layer_offset(config, kw.get("vp_stage"), pipeline_rank)
+            torch.manual_seed(seed * 100_003 + offset + layer_number)
+            super().__init__(config, submodules, layer_number, *args, **kw)
+
+    return SeededTransformerLayer
+
+
 class DataParallelAdamW:
     """torch AdamW over this rank's shard of the model: averages gradients across the
     data-parallel group (gloo), clips them by the whole model's norm, and skips a step whose
@@ -225,6 +247,7 @@ class CpuBackend:
 
         layer = get_gpt_layer_local_spec(normalization=cfg.model.normalization)
         layer.submodules.self_attention.submodules.core_attention = SDPAttention
+        layer.module, layer.params = _seeded_layer_class(), {"seed": cfg.train.seed}
         # the final norm too: given a layer spec, megatron-core takes Transformer Engine's
         # whenever TE is importable (as on a GPU host running a CPU job), and TE's needs CUDA
         return TransformerBlockSubmodules(
