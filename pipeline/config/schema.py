@@ -141,6 +141,9 @@ class TrainConfig:
     eval_iters: int | None = None
     save_interval: int = 200  # 0: no checkpoints (benchmarks)
     keep_last: int = 2  # checkpoints kept besides the best one
+    # write checkpoints in the background (megatron-core's asynchronous saving): training waits
+    # only for the copy to host memory, which then holds one more copy of this rank's share
+    async_save: bool = True
     threads: int | None = None  # CPU threads per rank; None: torch's default
     exit_signal_lead_s: int = 120  # Slurm warns (SIGUSR2) this long before the time limit
     max_requeues: int = 20

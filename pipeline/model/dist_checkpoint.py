@@ -9,12 +9,19 @@ loads under any other, on GPUs or on the CPU.
 from __future__ import annotations
 
 import contextlib
+import pickle
 import queue
+import shutil
+import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
 from pipeline.runtime.device import cuda_calls_on_cpu
+
+if TYPE_CHECKING:
+    from megatron.core.dist_checkpointing.strategies.async_utils import AsyncRequest
 
 FOLDER = "dist"  # inside a checkpoint folder
 
@@ -36,32 +43,72 @@ def model_state(chunks: list[torch.nn.Module]) -> dict:
     return {chunk_key(i, len(chunks)): unwrap(c).sharded_state_dict() for i, c in enumerate(chunks)}
 
 
-def _results_in_this_process() -> None:
-    """Saving synchronously, megatron-core's writer hands its results back within this process,
-    but by default through a queue served by a separate manager process. That process does not
-    inherit our signal handlers, so the job's signals (the time-limit warning, preemption) kill
-    it, and the very save they ask for then fails. A plain queue does the same job here."""
-    from megatron.core.dist_checkpointing.strategies import filesystem_async
+class _ResultsFile:
+    """How megatron-core's writer hands back its results (`put` where it writes, `get_nowait`
+    here, once it is done): a file. Its default, a queue served by a separate manager process,
+    does not inherit our signal handlers, so the job's signals (the time-limit warning,
+    preemption) kill it and the very save they ask for fails. A pipe from a forked writer
+    holds the writer from exiting once a large checkpoint's results fill it, since nobody
+    reads it until the writer has exited."""
 
-    if getattr(filesystem_async, "_results_queue", False) is None:
-        filesystem_async._results_queue = queue.Queue()
+    def __init__(self) -> None:
+        self.path = Path(tempfile.mkdtemp(prefix="checkpoint-results-")) / "results.pickle"
+
+    def put(self, results: object) -> None:
+        written = self.path.with_suffix(".partial")
+        written.write_bytes(pickle.dumps(results))
+        written.rename(self.path)
+
+    def get_nowait(self) -> object:
+        if not self.path.exists():
+            raise queue.Empty
+        results = pickle.loads(self.path.read_bytes())
+        shutil.rmtree(self.path.parent, ignore_errors=True)
+        return results
 
 
-def save(folder: Path, sharded_state: dict, on_cpu: bool = False) -> None:
+def _data_parallel_group():
+    """The data-parallel group, if the job has more than one rank in it: saves and loads are
+    then shared across its ranks (each writes, or reads, its own part of the replicated
+    tensors once) instead of done whole by each replica's first rank, or read by every one."""
+    from megatron.core import parallel_state
+
+    if not parallel_state.model_parallel_is_initialized():
+        return None
+    if parallel_state.get_data_parallel_world_size() < 2:
+        return None
+    return parallel_state.get_data_parallel_group()
+
+
+def save(
+    folder: Path, sharded_state: dict, on_cpu: bool = False, asynchronous: bool = False
+) -> AsyncRequest | None:
     """Collective: write `sharded_state` into folder/dist (each rank its own shards); `on_cpu`:
-    the job runs on the CPU (gloo), whatever the host has."""
+    the job runs on the CPU (gloo), whatever the host has. `asynchronous`: only the small
+    common part is written now; the tensors are written by the request returned, which the
+    caller schedules (pipeline.training.saver)."""
     from megatron.core import dist_checkpointing
+    from megatron.core.dist_checkpointing.serialization import get_default_save_sharded_strategy
+    from megatron.core.dist_checkpointing.strategies import filesystem_async
+    from megatron.core.dist_checkpointing.strategies.fully_parallel import (
+        FullyParallelSaveStrategyWrapper,
+    )
 
-    _results_in_this_process()
-
+    filesystem_async._results_queue = _ResultsFile()
     target = folder / FOLDER
     if not torch.distributed.is_initialized() or torch.distributed.get_rank() == 0:
         target.mkdir(parents=True, exist_ok=True)
     if torch.distributed.is_initialized():
         torch.distributed.barrier()
+    strategy = get_default_save_sharded_strategy()
+    group = _data_parallel_group()
+    if group is not None:
+        strategy = FullyParallelSaveStrategyWrapper(strategy, group)
     # its writer waits on CUDA copies and puts a flag for gloo on the CUDA device
     with cuda_calls_on_cpu() if on_cpu else contextlib.nullcontext():
-        dist_checkpointing.save(sharded_state, str(target))
+        return dist_checkpointing.save(
+            sharded_state, str(target), strategy, async_sharded_save=asynchronous
+        )
 
 
 def _written(folder: Path) -> str:
@@ -79,7 +126,23 @@ def load(folder: Path, sharded_state: dict) -> dict:
     must be in the checkpoint (a resume restores all of it)."""
     from megatron.core import dist_checkpointing
 
-    return dist_checkpointing.load(sharded_state, _written(folder))
+    return dist_checkpointing.load(sharded_state, _written(folder), _load_strategy(folder))
+
+
+def _load_strategy(folder: Path):
+    """megatron-core's default reader, shared across the data-parallel ranks when there are
+    several: each reads its part of the replicated tensors once and passes it to the others
+    (over NCCL: megatron-core exchanges them on the GPU, so gloo ranks each read their own)."""
+    from megatron.core.dist_checkpointing.serialization import get_default_load_sharded_strategy
+    from megatron.core.dist_checkpointing.strategies.fully_parallel import (
+        FullyParallelLoadStrategyWrapper,
+    )
+
+    strategy = get_default_load_sharded_strategy(_written(folder))
+    group = _data_parallel_group()
+    if group is None or torch.distributed.get_backend(group) != "nccl":
+        return strategy
+    return FullyParallelLoadStrategyWrapper(strategy, group)
 
 
 def load_weights(folder: Path, chunks: list[torch.nn.Module]) -> None:
@@ -91,7 +154,10 @@ def load_weights(folder: Path, chunks: list[torch.nn.Module]) -> None:
 
     # megatron-core's "unexpected" keys: asked for, and not in the checkpoint
     state, _, absent = dist_checkpointing.load(
-        model_state(chunks), _written(folder), strict=StrictHandling.RETURN_UNEXPECTED
+        model_state(chunks),
+        _written(folder),
+        _load_strategy(folder),
+        strict=StrictHandling.RETURN_UNEXPECTED,
     )
     weights = sorted(key for key in absent if not key.split("/")[0].endswith("_extra_state"))
     if weights:

@@ -131,8 +131,10 @@ def _check_time_limit(cfg: PipelineConfig, vocab_size: int) -> None:
     if cfg.cluster.executor != "slurm":
         return
     t, c = cfg.train, cfg.cluster
-    # written once, then read back once for its checksums (COMPLETE.json), at about that rate
-    save_s = 2 * checkpoint_bytes(cfg, vocab_size) / (c.checkpoint_write_gbps * 1e9)
+    # written once and hashed once by its writer; in the background, a save already in flight
+    # when the signal comes is finished first
+    writes = 3 if t.async_save else 2
+    save_s = writes * checkpoint_bytes(cfg, vocab_size) / (c.checkpoint_write_gbps * 1e9)
     step_s = 0.0
     if trains_on_gpu(cfg):
         step_s = expected_step(cfg, vocab_size, ParallelLayout.of(cfg))["step_s"]

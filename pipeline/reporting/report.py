@@ -130,6 +130,34 @@ def _training_section(paths: RunPaths, summary: dict, metrics: Metrics) -> list[
             ),
             ("table", ("step", "tokens", "tokens/s", "TFLOP/s/GPU", "MFU"), rows),
         ]
+    return blocks + _checkpoints_section(metrics)
+
+
+def _checkpoints_section(metrics: Metrics) -> list[tuple]:
+    """Each save's cost to training, and each resume's load time."""
+    if not metrics.saves and not metrics.resumes:
+        return []
+    rows = [
+        (r["step"], f"{r['checkpoint_blocked_s']:.2f} s", f"{r['checkpoint_total_s']:.2f} s")
+        for r in metrics.saves
+    ]
+    loads = [
+        f"from {r['resumed_from']} in {r['resume_load_s']:.1f} s"
+        for r in metrics.resumes
+        if "resume_load_s" in r
+    ]
+    blocks = [
+        ("h3", "Checkpoints"),
+        (
+            "p",
+            "For each save, how long the training loop stood still, and how long until the "
+            "checkpoint was complete on every rank (written in the background with "
+            "train.async_save):",
+        ),
+        ("table", ("step", "training waited", "save took"), rows),
+    ]
+    if loads:
+        blocks.append(("p", "Resumed (checksums verified, then loaded): " + "; ".join(loads)))
     return blocks
 
 

@@ -31,13 +31,14 @@ class Metrics:
     train: list[dict]
     validation: list[dict]
     resumes: list[dict]
+    saves: list[dict]  # each checkpoint: how long training waited, how long it took
 
 
 def read_metrics(paths: RunPaths) -> Metrics:
     """train/metrics.jsonl by kind. A step logged again by a later attempt (one that resumed
     from a checkpoint older than the last lines logged) replaces the earlier record."""
     if not paths.metrics.exists():
-        return Metrics([], [], [])
+        return Metrics([], [], [], [])
     records = [json.loads(line) for line in paths.metrics.read_text().splitlines() if line]
 
     def last_per_step(key: str) -> list[dict]:
@@ -45,7 +46,12 @@ def read_metrics(paths: RunPaths) -> Metrics:
         return [by_step[s] for s in sorted(by_step)]
 
     resumes = [r for r in records if "resumed_from" in r]
-    return Metrics(last_per_step("loss"), last_per_step("val_loss"), resumes)
+    return Metrics(
+        last_per_step("loss"),
+        last_per_step("val_loss"),
+        resumes,
+        last_per_step("checkpoint_blocked_s"),
+    )
 
 
 def current_evaluation(paths: RunPaths) -> dict:

@@ -2,11 +2,13 @@
 
 checkpoints/iter_0000200/ holds the backend's weights and optimizer files, every rank's RNG
 state, state.json (step, data position, scheduler, losses) and, written last, COMPLETE.json
-listing each file with its size and sha256. It is written as iter_0000200.partial/ and renamed
-when complete; a folder whose files do not match its COMPLETE.json (killed mid-save, truncated,
-altered) is never loaded, and weights that are not finite are never saved. `latest.txt` names
-the newest complete checkpoint, written after it; `best.json` the one with the lowest
-validation loss. Retention never deletes the best, nor anything outside the run folder.
+listing each file with its size and sha256, which the rank that wrote a file computes right
+after writing it. A save is written as iter_0000200.partial/ and renamed once complete on every
+rank (pipeline.training.saver writes it in the background); a folder whose files do not match
+its COMPLETE.json (killed mid-save, truncated, altered) is never loaded, and weights that are
+not finite are never saved. `latest.txt` names the newest complete checkpoint, written after
+it; `best.json` the one with the lowest validation loss. Retention never deletes the best, nor
+anything outside the run folder.
 """
 
 from __future__ import annotations
@@ -50,8 +52,7 @@ def _checksums(folder: Path, names: list[str], collective: bool = False) -> dict
     checkpoint of many ranks is read once, in parallel, not once by rank 0 alone."""
     shared = collective and dist.is_initialized() and dist.get_world_size() > 1
     share = names[dist.get_rank() :: dist.get_world_size()] if shared else names
-    with ThreadPoolExecutor(8) as pool:
-        mine = dict(zip(share, pool.map(lambda n: files.sha256(folder / n), share), strict=True))
+    mine = _hashed(folder, share)
     if not shared:
         return mine
     shares: list[dict[str, str]] = [{} for _ in range(dist.get_world_size())]
@@ -132,47 +133,67 @@ def require_finite(chunks, step: int) -> None:
         )
 
 
-def _write(partial: Path, step: int, state: dict, backend, chunks, optimizer) -> None:
-    """Every file of the checkpoint into `partial`, COMPLETE.json last (collective)."""
-    backend.save(partial, chunks, optimizer)
+DIGESTS = "digests"  # inside a checkpoint being written: each rank's checksums of its files
+
+
+def begin(root: Path, step: int, chunks) -> Path:
+    """Collective: the empty folder a save of `step` is written into, `iter_N.partial`.
+    Refuses weights that are not finite."""
+    require_finite(chunks, step)
+    partial = root / f"{folder_name(step)}.partial"
+    if _rank() == 0:
+        files.remove_tree(partial, root.parent)  # from an earlier attempt that was killed
+        partial.mkdir(parents=True)
+    _barrier()
+    return partial
+
+
+def write_small_files(partial: Path, state: dict) -> None:
+    """This rank's RNG state and (rank 0) state.json, as they are now."""
     with open(partial / f"rng_rank{_rank():05d}.pt", "wb") as f:  # a file: errors keep errno
         torch.save(rng_state(), f)
     if _rank() == 0:
         files.write_json(partial / "state.json", state)
+
+
+def record_digests(partial: Path, rank: int) -> None:
+    """The sha256 of the tensor files rank `rank` wrote (torch's distributed checkpoint names
+    them __RANK_N.distcp), computed by the process that wrote them, right after: the
+    checkpoint is never read back for them, by one rank, while training waits."""
+    from pipeline.model.dist_checkpoint import FOLDER
+
+    names = sorted(f"{FOLDER}/{p.name}" for p in (partial / FOLDER).glob(f"__{rank}_*.distcp"))
+    (partial / DIGESTS).mkdir(exist_ok=True)
+    files.write_json(partial / DIGESTS / f"rank{rank:05d}.json", _hashed(partial, names))
+
+
+def _hashed(folder: Path, names: list[str]) -> dict[str, str]:
+    """sha256 of each file, a few at a time (hashlib releases the GIL on large reads)."""
+    with ThreadPoolExecutor(8) as pool:
+        return dict(zip(names, pool.map(lambda n: files.sha256(folder / n), names), strict=True))
+
+
+def complete(root: Path, partial: Path, step: int, state: dict, keep_last: int) -> Path:
+    """Collective, once every rank has written its files and their digests: COMPLETE.json
+    (every file's size and sha256; rank 0 hashes the small files no rank recorded), then the
+    rename to iter_N, latest.txt, best.json and retention. Returns the checkpoint folder."""
     _barrier()
-    sizes = _listing(partial)
-    digests = _checksums(partial, sorted(sizes), collective=True)
+    final = root / folder_name(step)
     if _rank() == 0:
+        digests: dict[str, str] = {}
+        for record in sorted((partial / DIGESTS).glob("rank*.json")):
+            digests.update(files.read_json(record))
+        files.remove_tree(partial / DIGESTS, root.parent)
+        sizes = _listing(partial)
+        digests.update(_hashed(partial, sorted(set(sizes) - set(digests))))
         for path in partial.rglob("*"):
             if path.is_file():
                 with open(path, "rb") as f:
                     os.fsync(f.fileno())
-        complete = {"step": step, "files": sizes, "sha256": digests}
+        complete = {"step": step, "files": sizes, "sha256": {n: digests[n] for n in sizes}}
         files.write_json(partial / "COMPLETE.json", complete)
-
-
-def save(root: Path, step: int, state: dict, backend, chunks, optimizer, keep_last: int) -> Path:
-    """Collective: every rank calls it. Returns the checkpoint folder. Refuses weights that are
-    not finite; a write that fails (no space) removes its partial folder and leaves the earlier
-    checkpoints and latest.txt as they were."""
-    require_finite(chunks, step)
-    final = root / folder_name(step)
-    partial = root / f"{folder_name(step)}.partial"
-    workdir = root.parent
-    if _rank() == 0:
-        files.remove_tree(partial, workdir)  # from an earlier attempt that was killed
-        partial.mkdir(parents=True)
-    _barrier()
-    try:
-        with files.reporting_space(f"checkpoint {partial}", probe=partial):
-            _write(partial, step, state, backend, chunks, optimizer)
-    except BaseException:
-        if _rank() == 0:
-            files.remove_tree(partial, workdir)
-        raise
-    if _rank() == 0:
         if final.exists():  # a save of this step from an earlier attempt, since resumed from
-            _discard(final, workdir)
+            _discard(final, root.parent)
         partial.rename(final)
         files.fsync_dir(root)
         files.write_text(root / TRACKER, final.name + "\n")  # only ever names a whole save
@@ -180,6 +201,29 @@ def save(root: Path, step: int, state: dict, backend, chunks, optimizer, keep_la
         _apply_retention(root, keep_last)
     _barrier()
     return final
+
+
+def abandon(partial: Path) -> None:
+    """A save that failed (no space, a writer that died): its folder goes, the earlier
+    checkpoints and latest.txt stay as they were."""
+    if _rank() == 0:
+        files.remove_tree(partial, partial.parent.parent)
+
+
+def save(root: Path, step: int, state: dict, backend, chunks, optimizer, keep_last: int) -> Path:
+    """Collective: every rank calls it; returns when the checkpoint is complete. Refuses
+    weights that are not finite; a write that fails (no space) removes its partial folder and
+    leaves the earlier checkpoints and latest.txt as they were."""
+    partial = begin(root, step, chunks)
+    try:
+        with files.reporting_space(f"checkpoint {partial}", probe=partial):
+            backend.save(partial, chunks, optimizer, asynchronous=False)
+            write_small_files(partial, state)
+            record_digests(partial, _rank())
+            return complete(root, partial, step, state, keep_last)
+    except BaseException:
+        abandon(partial)
+        raise
 
 
 def _update_best(root: Path, folder: Path, state: dict) -> None:

@@ -24,7 +24,8 @@ from pipeline.training import checkpoint_records, signals
 if TYPE_CHECKING:
     from pipeline.training.trainer import TrainRecord
 
-# The model's math does not depend on these (parallel layout, micro-batches, kernels, logging):
+# The model's math does not depend on these (parallel layout, micro-batches, kernels, logging,
+# how checkpoints are written):
 # changing them resumes as usual.
 NOT_SETTINGS = (
     "micro_batch_size",
@@ -39,6 +40,7 @@ NOT_SETTINGS = (
     "profile_steps",
     "threads",
     "exit_signal_lead_s",
+    "async_save",
     "max_requeues",
     "eval_samples",  # as validation samples, below
     "eval_iters",

@@ -28,6 +28,7 @@ from pipeline.training import checkpoint, checkpoint_records
 from pipeline.training.engine import Engine
 from pipeline.training.metrics import MetricsLog, Throughput, console_line
 from pipeline.training.profiling import StepProfiler
+from pipeline.training.saver import CheckpointSaver
 from pipeline.training.signals import StopRequest
 
 
@@ -86,6 +87,9 @@ class Trainer(Engine):
         self.optimizer = self.backend.optimizer(self.chunks, cfg)
         self.scheduler = lr_scheduler(self.optimizer, cfg.train)
         self.metrics = MetricsLog(self.paths, self.is_logger)
+        self.saver = CheckpointSaver(
+            self.paths.checkpoints, self.backend, cfg.train.keep_last, cfg.train.async_save
+        )
         self.throughput = self._throughput()
         self.state = RunState()
         self._clock = time.time()  # this attempt's wall time is added to the state from here
@@ -127,6 +131,7 @@ class Trainer(Engine):
     # --- checkpoints --------------------------------------------------------------------------
 
     def resume(self) -> None:
+        started = time.perf_counter()
         folder = checkpoint.latest(self.paths.checkpoints, collective=True)
         if folder is None:
             return
@@ -134,8 +139,11 @@ class Trainer(Engine):
         saved = checkpoint.load(folder, self.backend, self.chunks, self.optimizer)
         self.state = RunState(**saved["run"])
         self.scheduler.load_state_dict(self.state.scheduler)
-        self._log(f"resumed from {folder} at step {self.state.step}")
-        self.metrics.record({"step": self.state.step, "resumed_from": folder.name})
+        took = time.perf_counter() - started  # checksums verified, then loaded
+        self._log(f"resumed from {folder} at step {self.state.step} (loaded in {took:.1f} s)")
+        self.metrics.record(
+            {"step": self.state.step, "resumed_from": folder.name, "resume_load_s": took}
+        )
 
     def _check_resumable_layout(self, folder) -> None:
         """Refused before submission too (planning.preflight); here for a step called directly."""
@@ -153,22 +161,27 @@ class Trainer(Engine):
         self._clock = now
 
     def save(self) -> None:
+        """Start a checkpoint of this step (in the background unless train.async_save=false)."""
         self._tick()
         self.state.scheduler = self.scheduler.state_dict()
-        checkpoint.save(
-            self.paths.checkpoints,
-            self.state.step,
-            {
-                "step": self.state.step,
-                "val_loss": self.state.val_loss,
-                "layout": self.parallel_layout(),
-                "made_from": self.made_from,
-                "run": vars(self.state),
-            },
-            self.backend,
-            self.chunks,
-            self.optimizer,
-            self.cfg.train.keep_last,
+        state = {
+            "step": self.state.step,
+            "val_loss": self.state.val_loss,
+            "layout": self.parallel_layout(),
+            "made_from": self.made_from,
+            "run": dict(vars(self.state)),  # as it is now: training goes on while it is written
+        }
+        self._saved(self.saver.save(self.state.step, state, self.chunks, self.optimizer))
+
+    def _saved(self, record: dict | None) -> None:
+        """A checkpoint that is now complete: its times into the metrics and the log."""
+        if record is None:
+            return
+        self.metrics.record(record)
+        self._log(
+            f"checkpoint of step {record['step']} complete: training waited "
+            f"{record['checkpoint_blocked_s']:.2f} s, the save took "
+            f"{record['checkpoint_total_s']:.2f} s"
         )
 
     # --- logging ------------------------------------------------------------------------------
@@ -227,6 +240,7 @@ class Trainer(Engine):
             st = self.state
             st.step += 1
             profiler.step_ends(st.step)
+            self._saved(self.saver.poll())  # a checkpoint written meanwhile is completed
             st.consumed_samples += t.global_batch_size
             st.tokens += tokens_per_step
             if not updated:
@@ -261,6 +275,7 @@ class Trainer(Engine):
             if due_save or stopping:
                 self.save()
             if stopping:
+                self._saved(self.saver.wait())
                 requeue = stop.continues(self.device)
                 signals = ", ".join(signal.Signals(s).name for s in sorted(stop.received))
                 leaving = "exiting for requeue" if requeue else "exiting"
@@ -268,6 +283,7 @@ class Trainer(Engine):
                     f"{signals or 'a signal on another rank'}: saved step {st.step}, {leaving}"
                 )
                 return Interrupted(st.step, requeue)
+        self._saved(self.saver.wait())
         self.metrics.close()
         result = self._finish()
         stop.ignore_warnings()

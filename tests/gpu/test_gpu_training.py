@@ -1,6 +1,6 @@
 """The Transformer Engine path on real GPUs: the model learns in bf16 and fp8, resume continues
-the loss curve, the profiler attributes device time, and 2-GPU data and tensor parallelism
-match the 1-GPU curve."""
+the loss curve, a kill during an asynchronous save resumes from the save before, the profiler
+attributes device time, and 2-GPU data and tensor parallelism match the 1-GPU curve."""
 
 from __future__ import annotations
 
@@ -118,6 +118,31 @@ def test_resume_reproduces_the_uninterrupted_loss_curve(bf16_run, tmp_path):
         resumed,
         uninterrupted,
     )
+
+
+def test_a_kill_while_an_async_save_is_in_flight_resumes_from_the_one_before(
+    bf16_run, data_dir, tmp_path
+):
+    """A real asynchronous save on the GPU (device-to-host copy, forked writer): training goes
+    on while it is written; killed then, the run resumes from the save before and continues
+    the uninterrupted curve."""
+    from pipeline.training import checkpoint
+    from tests.cli.test_async_checkpoints import kill_with_a_save_in_flight
+
+    reference, _ = bf16_run
+    run = with_data(data_dir, tmp_path / "killed")
+    args = [*GPU_SMALL, "train.save_interval=20", "stages=[tokenize,train]"]
+    kill_with_a_save_in_flight(run, args, 40)
+    root = run / "checkpoints"
+    assert [p.name for p in checkpoint.finished(root)] == ["iter_0000020"]
+
+    pipeline(run, "train.save_interval=20", "stages=[tokenize,train]")
+    assert [p.name for p in checkpoint.finished(root)] == ["iter_0000040", "iter_0000060"]
+    records = [json.loads(x) for x in (run / "train" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["resumed_from"] for r in records if "resumed_from" in r] == ["iter_0000020"]
+    saves = [r for r in records if "checkpoint_blocked_s" in r]
+    assert [r["step"] for r in saves] == [20, 40, 60]
+    assert close(curve(run), curve(reference), rtol=2e-3)
 
 
 def test_te_activation_kernels_checkpoint_and_resume(data_dir, tmp_path):

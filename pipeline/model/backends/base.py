@@ -2,7 +2,7 @@
 
 A backend supplies what differs between CPU and GPU: the layer spec and fusion switches of the
 model, the data-parallel wrapper, the optimizer, the checkpoint format of the weights and the
-optimizer state. `select` picks one for the job's device.
+optimizer state (saved now, or by the asynchronous request `save` returns). `select` picks one for the job's device.
 """
 
 from __future__ import annotations
@@ -27,7 +27,9 @@ class Backend(Protocol):
     def wrap(self, chunks: list[torch.nn.Module], cfg: PipelineConfig) -> list[torch.nn.Module]: ...
     def optimizer(self, chunks: list[torch.nn.Module], cfg: PipelineConfig) -> Any: ...
     def schedule_context(self) -> contextlib.AbstractContextManager: ...
-    def save(self, folder: Path, chunks: list[torch.nn.Module], optimizer: Any) -> None: ...
+    def save(
+        self, folder: Path, chunks: list[torch.nn.Module], optimizer: Any, asynchronous: bool
+    ) -> Any | None: ...
     def load(self, folder: Path, chunks: list[torch.nn.Module], optimizer: Any | None) -> None: ...
 
 

@@ -279,8 +279,11 @@ class CpuBackend:
             state["optimizer"] = optimizer.sharded_state_dict(dict(state), loading)
         return state
 
-    def save(self, folder: Path, chunks: list[torch.nn.Module], optimizer: Any) -> None:
-        dist_checkpoint.save(folder, self._sharded_state(chunks, optimizer, False), on_cpu=True)
+    def save(
+        self, folder: Path, chunks: list[torch.nn.Module], optimizer: Any, asynchronous: bool
+    ) -> Any | None:
+        state = self._sharded_state(chunks, optimizer, False)
+        return dist_checkpoint.save(folder, state, on_cpu=True, asynchronous=asynchronous)
 
     def load(self, folder: Path, chunks: list[torch.nn.Module], optimizer: Any | None) -> None:
         dist_checkpoint.load_weights(folder, chunks)

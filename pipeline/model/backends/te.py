@@ -163,8 +163,11 @@ class TransformerEngineBackend:
             )
         return state
 
-    def save(self, folder: Path, chunks: list[torch.nn.Module], optimizer: Any) -> None:
-        dist_checkpoint.save(folder, self._sharded_state(chunks, optimizer, False))
+    def save(
+        self, folder: Path, chunks: list[torch.nn.Module], optimizer: Any, asynchronous: bool
+    ) -> Any | None:
+        state = self._sharded_state(chunks, optimizer, False)
+        return dist_checkpoint.save(folder, state, asynchronous=asynchronous)
 
     def load(self, folder: Path, chunks: list[torch.nn.Module], optimizer: Any | None) -> None:
         if optimizer is None:  # the weights alone, from any layout or layer spec

@@ -1,0 +1,119 @@
+"""Checkpoints written while training goes on: megatron-core's asynchronous distributed
+checkpointing. Training waits only while the tensors are copied to host memory and a writer
+process is forked; the writer writes them and hashes what it wrote; the checkpoint is completed
+(COMPLETE.json, renamed, latest.txt, best.json) at the first step boundary after every rank's
+writer is done. At most one save is in flight: the next waits for it, as do the end of the
+run and a stop for a signal. A kill while one is in flight leaves its `.partial` folder, which
+is never loaded: the run resumes from the checkpoint before it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from pipeline.core import files
+from pipeline.runtime.device import cuda_calls_on_cpu
+from pipeline.training import checkpoint
+
+
+@dataclass
+class _InFlight:
+    step: int
+    partial: Path
+    state: dict
+    started: float  # time.perf_counter() when the save began
+    blocked_s: float  # how long training has waited for it so far
+
+
+def _write_then_hash(write, partial_folder: Path, rank: int, *args, **kwargs) -> None:
+    """In the forked writer: megatron-core's write, then the digests of this rank's files."""
+    write(*args, **kwargs)
+    checkpoint.record_digests(partial_folder, rank)
+
+
+class CheckpointSaver:
+    """Saves the run's checkpoints, in the background when `asynchronous`. Collective: every
+    rank makes the same calls at the same steps. Each finished save is reported as a record
+    for metrics.jsonl: the step, how long training was blocked, how long the save took."""
+
+    def __init__(self, root: Path, backend, keep_last: int, asynchronous: bool) -> None:
+        self.root, self.backend, self.keep_last = root, backend, keep_last
+        self.asynchronous = asynchronous
+        self.on_cpu = backend.device.type == "cpu"
+        self.queue = None
+        if asynchronous:
+            from megatron.core.dist_checkpointing.strategies.async_utils import AsyncCallsQueue
+
+            self.queue = AsyncCallsQueue()
+        self.in_flight: _InFlight | None = None
+
+    def _cuda_calls(self) -> contextlib.AbstractContextManager:
+        # megatron-core's scheduling waits for CUDA copies and reduces a flag on the CUDA device
+        return cuda_calls_on_cpu() if self.on_cpu else contextlib.nullcontext()
+
+    def save(self, step: int, state: dict, chunks, optimizer) -> dict | None:
+        """Start a save of `step` (complete it now unless asynchronous). Returns the record of
+        a save that finished meanwhile: the one before, waited for, or this one."""
+        done = self.wait()  # at most one in flight
+        started = time.perf_counter()
+        if not self.asynchronous:
+            checkpoint.save(self.root, step, state, self.backend, chunks, optimizer, self.keep_last)
+            took = time.perf_counter() - started
+            return _record(step, blocked_s=took, total_s=took)
+        partial_folder = checkpoint.begin(self.root, step, chunks)
+        try:
+            with files.reporting_space(f"checkpoint {partial_folder}", probe=partial_folder):
+                request = self.backend.save(partial_folder, chunks, optimizer, asynchronous=True)
+                checkpoint.write_small_files(partial_folder, state)
+                rank = torch.distributed.get_rank()
+                if request.async_fn is None:  # nothing of the tensors falls to this rank
+                    checkpoint.record_digests(partial_folder, rank)
+                else:
+                    hashing = partial(_write_then_hash, request.async_fn, partial_folder, rank)
+                    request = request._replace(async_fn=hashing)
+                with self._cuda_calls():
+                    self.queue.schedule_async_request(request)
+        except BaseException:
+            checkpoint.abandon(partial_folder)
+            raise
+        blocked = time.perf_counter() - started
+        self.in_flight = _InFlight(step, partial_folder, state, started, blocked)
+        return done
+
+    def poll(self) -> dict | None:
+        """At a step boundary: complete the save in flight if every rank's writer is done."""
+        return self._finish(blocking=False) if self.in_flight else None
+
+    def wait(self) -> dict | None:
+        """Complete the save in flight, waiting for its writers (the end of the run, a stop)."""
+        return self._finish(blocking=True) if self.in_flight else None
+
+    def _finish(self, blocking: bool) -> dict | None:
+        flight = self.in_flight
+        waited = time.perf_counter()
+        try:
+            with files.reporting_space(f"checkpoint {flight.partial}", probe=flight.partial):
+                with self._cuda_calls():
+                    if not self.queue.maybe_finalize_async_calls(blocking=blocking):
+                        return None
+                checkpoint.complete(
+                    self.root, flight.partial, flight.step, flight.state, self.keep_last
+                )
+        except BaseException:
+            self.in_flight = None
+            checkpoint.abandon(flight.partial)
+            raise
+        self.in_flight = None
+        blocked = flight.blocked_s + time.perf_counter() - waited
+        return _record(flight.step, blocked_s=blocked, total_s=time.perf_counter() - flight.started)
+
+
+def _record(step: int, blocked_s: float, total_s: float) -> dict[str, Any]:
+    return {"step": step, "checkpoint_blocked_s": blocked_s, "checkpoint_total_s": total_s}
