@@ -213,10 +213,14 @@ def test_samples_are_decoded_with_the_runs_tokenizer(run, fresh_model):
 def test_job_accounting_times_every_step_and_counts_the_resume(run):
     workdir, _ = run
     report = (workdir / "report.md").read_text()
-    timed = [line.split(" | ")[0][2:] for line in report.splitlines() if " s | " in line]
+    jobs = report.split("## Jobs", 1)[1].split("\n## ", 1)[0]
+    timed = [line.split(" | ")[0][2:] for line in jobs.splitlines() if " s | " in line]
     assert timed == ["tokenizer", "tokenize", "verify", "index", "train", "evaluate"]
     assert "| training resumed (requeues, reruns) | 1; from iter_0000010 |" in report
     assert "| GPU hours: total | 0.000 |" in report
+    saves = report.split("### Checkpoints", 1)[1].split("\n## ", 1)[0]
+    assert "| 20 | " in saves  # what the save cost training, and how long it took
+    assert "Resumed (checksums verified, then loaded): from iter_0000010 in " in saves
     summary = json.loads((workdir / "summary.json").read_text())
     assert summary["resumes"] == 1 and summary["gpu_hours"] == 0
     assert summary["wall_seconds"] > 0
