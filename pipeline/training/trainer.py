@@ -118,6 +118,7 @@ class Trainer(Engine):
         what = f"step {st.step}: loss {loss:.6g}, grad norm {grad_norm:.6g}"
         scaler_overflow = t.precision == "fp16" and math.isfinite(loss)
         if t.nonfinite == "stop" and not scaler_overflow:
+            self._saved(self.saver.wait())  # a save in flight holds earlier, finite weights
             raise NonFinite(
                 f"{what} is not finite; stopped (train.nonfinite=stop) without saving, the "
                 "earlier checkpoints are kept: lower train.lr or check the data, then rerun"
