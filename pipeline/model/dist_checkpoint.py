@@ -12,7 +12,6 @@ import contextlib
 import pickle
 import queue
 import shutil
-import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -45,16 +44,18 @@ def model_state(chunks: list[torch.nn.Module]) -> dict:
 
 class _ResultsFile:
     """How megatron-core's writer hands back its results (`put` where it writes, `get_nowait`
-    here, once it is done): a file. Its default, a queue served by a separate manager process,
-    does not inherit our signal handlers, so the job's signals (the time-limit warning,
-    preemption) kill it and the very save they ask for fails. A pipe from a forked writer
-    holds the writer from exiting once a large checkpoint's results fill it, since nobody
-    reads it until the writer has exited."""
+    here, once it is done): a file in the checkpoint being written, gone once read. Its
+    default, a queue served by a separate manager process, does not inherit our signal
+    handlers, so the job's signals (the time-limit warning, preemption) kill it and the very
+    save they ask for fails. A pipe from a forked writer holds the writer from exiting once a
+    large checkpoint's results fill it, since nobody reads it until the writer has exited."""
 
-    def __init__(self) -> None:
-        self.path = Path(tempfile.mkdtemp(prefix="checkpoint-results-")) / "results.pickle"
+    def __init__(self, folder: Path) -> None:
+        rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
+        self.path = folder / f".writer-results-rank{rank:05d}" / "results.pickle"
 
     def put(self, results: object) -> None:
+        self.path.parent.mkdir(exist_ok=True)
         written = self.path.with_suffix(".partial")
         written.write_bytes(pickle.dumps(results))
         written.rename(self.path)
@@ -63,7 +64,7 @@ class _ResultsFile:
         if not self.path.exists():
             raise queue.Empty
         results = pickle.loads(self.path.read_bytes())
-        shutil.rmtree(self.path.parent, ignore_errors=True)
+        shutil.rmtree(self.path.parent)
         return results
 
 
@@ -94,7 +95,7 @@ def save(
         FullyParallelSaveStrategyWrapper,
     )
 
-    filesystem_async._results_queue = _ResultsFile()
+    filesystem_async._results_queue = _ResultsFile(folder)
     target = folder / FOLDER
     if not torch.distributed.is_initialized() or torch.distributed.get_rank() == 0:
         target.mkdir(parents=True, exist_ok=True)

@@ -29,6 +29,7 @@ from pipeline.core import files
 from pipeline.core.errors import NonFinite
 from pipeline.core.paths import BEST_CHECKPOINT as BEST
 from pipeline.core.paths import CHECKPOINT_TRACKER as TRACKER
+from pipeline.model.dist_checkpoint import FOLDER
 from pipeline.runtime import distributed
 
 NAME = re.compile(r"iter_\d{7}")  # a finished checkpoint; .partial and .deleting ones are not
@@ -160,8 +161,6 @@ def record_digests(partial: Path, rank: int) -> None:
     """The sha256 of the tensor files rank `rank` wrote (torch's distributed checkpoint names
     them __RANK_N.distcp), computed by the process that wrote them, right after: the
     checkpoint is never read back for them, by one rank, while training waits."""
-    from pipeline.model.dist_checkpoint import FOLDER
-
     names = sorted(f"{FOLDER}/{p.name}" for p in (partial / FOLDER).glob(f"__{rank}_*.distcp"))
     (partial / DIGESTS).mkdir(exist_ok=True)
     files.write_json(partial / DIGESTS / f"rank{rank:05d}.json", _hashed(partial, names))

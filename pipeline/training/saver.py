@@ -45,7 +45,6 @@ class CheckpointSaver:
 
     def __init__(self, root: Path, backend, keep_last: int, asynchronous: bool) -> None:
         self.root, self.backend, self.keep_last = root, backend, keep_last
-        self.asynchronous = asynchronous
         self.on_cpu = backend.device.type == "cpu"
         self.queue = None
         if asynchronous:
@@ -63,7 +62,7 @@ class CheckpointSaver:
         a save that finished meanwhile: the one before, waited for, or this one."""
         done = self.wait()  # at most one in flight
         started = time.perf_counter()
-        if not self.asynchronous:
+        if self.queue is None:  # not asynchronous
             checkpoint.save(self.root, step, state, self.backend, chunks, optimizer, self.keep_last)
             took = time.perf_counter() - started
             return _record(step, blocked_s=took, total_s=took)

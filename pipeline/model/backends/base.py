@@ -2,7 +2,8 @@
 
 A backend supplies what differs between CPU and GPU: the layer spec and fusion switches of the
 model, the data-parallel wrapper, the optimizer, the checkpoint format of the weights and the
-optimizer state (saved now, or by the asynchronous request `save` returns). `select` picks one for the job's device.
+optimizer state (saved now, or by the asynchronous request `save` returns). `select` picks one
+for the job's device.
 """
 
 from __future__ import annotations
