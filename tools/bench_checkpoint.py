@@ -121,6 +121,7 @@ def measure(root: Path, label: str, args: argparse.Namespace, extra: list[str]) 
     resumed = run_stage(root, workdir, more)
     records = [json.loads(x) for x in (workdir / "train" / "metrics.jsonl").open()]
     load = [r.get("resume_load_s") for r in records if "resumed_from" in r]
+    verify = [r.get("resume_verify_s") for r in records if "resumed_from" in r]
     lines = resumed["lines"]
     start = first(lines, "[pipeline] train: running")
     resumed_at = first(lines, "resumed from")
@@ -137,6 +138,7 @@ def measure(root: Path, label: str, args: argparse.Namespace, extra: list[str]) 
         "host_extra_gib": trained["host_extra_gib"],
         "checkpoint_gib": size,
         "resume_load_s": load[-1] if load else None,
+        "resume_verify_s": verify[-1] if verify else None,
         "stage_start_to_resumed_s": resumed_at - start if start and resumed_at else None,
         "stage_start_to_first_step_s": first_step - start if start and first_step else None,
         "stage_wall_s": trained["lines"][-1][0],
@@ -176,7 +178,8 @@ def main() -> None:
             f"beyond a usual step: {extra}; tokens/s near a "
             f"save {row['near_tokens_per_s'] or 0:,.0f}, far {row['far_tokens_per_s']:,.0f}; "
             f"host memory +{row['host_extra_gib']:.1f} GiB for a {row['checkpoint_gib']:.1f} GiB "
-            f"checkpoint; resume: load {row['resume_load_s'] or float('nan'):.1f} s, stage start "
+            f"checkpoint; resume: load {row['resume_load_s'] or float('nan'):.1f} s (checksums "
+            f"{row['resume_verify_s'] or float('nan'):.1f} s), stage start "
             f"to resumed {row['stage_start_to_resumed_s']:.1f} s, to first step "
             f"{row['stage_start_to_first_step_s']:.1f} s; training stage {row['stage_wall_s']:.0f} s"
         )

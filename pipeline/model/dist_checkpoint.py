@@ -146,6 +146,28 @@ def _load_strategy(folder: Path):
     return FullyParallelLoadStrategyWrapper(strategy, group)
 
 
+def saved_optimizer_format(folder: Path) -> str | None:
+    """How megatron-core's distributed optimizer laid out its state in this checkpoint (its
+    `param_state_sharding_type`, kept in the checkpoint's common part), or None: saved
+    without a distributed optimizer."""
+    from megatron.core import dist_checkpointing
+
+    common = dist_checkpointing.load_common_state_dict(_written(folder))
+    found = [value for key, value in _items(common.get("optimizer", {})) if key == _FORMAT_KEY]
+    return found[0] if found else None
+
+
+_FORMAT_KEY = "param_state_sharding_type"
+
+
+def _items(tree: object):
+    """Every (key, value) of a nested dict, depth first."""
+    if isinstance(tree, dict):
+        for key, value in tree.items():
+            yield key, value
+            yield from _items(value)
+
+
 def load_weights(folder: Path, chunks: list[torch.nn.Module]) -> None:
     """Load the weights alone into `chunks`, whatever layout and layer spec wrote them. Only
     Transformer Engine's per-module extra state (fp8 scaling history) may be absent, as it is

@@ -143,6 +143,7 @@ def _checkpoints_section(metrics: Metrics) -> list[tuple]:
     ]
     loads = [
         f"from {r['resumed_from']} in {r['resume_load_s']:.1f} s"
+        + (f" (checksums {r['resume_verify_s']:.1f} s)" if "resume_verify_s" in r else "")
         for r in metrics.resumes
         if "resume_load_s" in r
     ]

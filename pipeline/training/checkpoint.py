@@ -2,8 +2,9 @@
 
 checkpoints/iter_0000200/ holds the backend's weights and optimizer files, every rank's RNG
 state, state.json (step, data position, scheduler, losses) and, written last, COMPLETE.json
-listing each file with its size and sha256, which the rank that wrote a file computes right
-after writing it. A save is written as iter_0000200.partial/ and renamed once complete on every
+listing each file with its size and the sha256 of each 128 MiB block of it, which the rank
+that wrote a file computes right after writing it (blocks: a large file is hashed, and verified,
+by many threads at once). A save is written as iter_0000200.partial/ and renamed once complete on every
 rank (pipeline.training.saver writes it in the background); a folder whose files do not match
 its COMPLETE.json (killed mid-save, truncated, altered) is never loaded, and weights that are
 not finite are never saved. `latest.txt` names the newest complete checkpoint, written after
@@ -13,6 +14,7 @@ anything outside the run folder.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import random
 import re
@@ -47,23 +49,25 @@ def _listing(folder: Path) -> dict[str, int]:
     }
 
 
-def _checksums(folder: Path, names: list[str], collective: bool = False) -> dict[str, str]:
-    """sha256 of each file, a few at a time (hashlib releases the GIL on large reads). With
-    `collective` every rank of the job calls it and hashes its own share of the files, so a
-    checkpoint of many ranks is read once, in parallel, not once by rank 0 alone."""
+def _checksums(
+    folder: Path, names: list[str], block: int, collective: bool = False
+) -> dict[str, list[str]]:
+    """The digests of each `block` bytes of each file. With `collective` every rank of the job
+    calls it and hashes its own share of the files, so a checkpoint of many ranks is read once,
+    in parallel, not once by rank 0 alone."""
     shared = collective and dist.is_initialized() and dist.get_world_size() > 1
     share = names[dist.get_rank() :: dist.get_world_size()] if shared else names
-    mine = _hashed(folder, share)
+    mine = block_digests(folder, share, block)
     if not shared:
         return mine
-    shares: list[dict[str, str]] = [{} for _ in range(dist.get_world_size())]
+    shares: list[dict[str, list[str]]] = [{} for _ in range(dist.get_world_size())]
     dist.all_gather_object(shares, mine)
     return {name: digest for part in shares for name, digest in part.items()}
 
 
 def problem(folder: Path, checksums: bool = True, collective: bool = False) -> str | None:
     """Why `folder` is not a loadable checkpoint, or None if it is: COMPLETE.json is there and
-    every file it lists has its recorded size and (with `checksums`) its recorded sha256.
+    every file it lists has its recorded size and (with `checksums`) its recorded digests.
     `collective`: every rank calls it for the same folder (see _checksums)."""
     try:
         complete = files.read_json_or_none(folder / "COMPLETE.json")
@@ -77,9 +81,16 @@ def problem(folder: Path, checksums: bool = True, collective: bool = False) -> s
             return f"{name} is missing"
         if listing[name] != size:
             return f"{name} has {listing[name]} bytes, {size} when saved"
-    recorded = complete.get("sha256", {}) if checksums else {}  # older saves recorded sizes only
-    for name, digest in _checksums(folder, sorted(recorded), collective).items():
-        if digest != recorded[name]:
+    if not checksums:
+        return None
+    recorded = complete.get("sha256_blocks", {})
+    block = complete.get("block_bytes", BLOCK_BYTES)
+    for name, digests in _checksums(folder, sorted(recorded), block, collective).items():
+        if digests != recorded[name]:
+            return f"{name} does not match its sha256 when saved"
+    whole = complete.get("sha256", {})  # saves of 0.3.0 and before: one digest per file
+    for name in sorted(whole):
+        if files.sha256(folder / name) != whole[name]:
             return f"{name} does not match its sha256 when saved"
     return None
 
@@ -158,38 +169,67 @@ def write_small_files(partial: Path, state: dict) -> None:
 
 
 def record_digests(partial: Path, rank: int) -> None:
-    """The sha256 of the tensor files rank `rank` wrote (torch's distributed checkpoint names
-    them __RANK_N.distcp), computed by the process that wrote them, right after: the
+    """The block digests of the tensor files rank `rank` wrote (torch's distributed checkpoint
+    names them __RANK_N.distcp), computed by the process that wrote them, right after: the
     checkpoint is never read back for them, by one rank, while training waits."""
     names = sorted(f"{FOLDER}/{p.name}" for p in (partial / FOLDER).glob(f"__{rank}_*.distcp"))
     (partial / DIGESTS).mkdir(exist_ok=True)
-    files.write_json(partial / DIGESTS / f"rank{rank:05d}.json", _hashed(partial, names))
+    files.write_json(partial / DIGESTS / f"rank{rank:05d}.json", block_digests(partial, names))
 
 
-def _hashed(folder: Path, names: list[str]) -> dict[str, str]:
-    """sha256 of each file, a few at a time (hashlib releases the GIL on large reads)."""
-    with ThreadPoolExecutor(8) as pool:
-        return dict(zip(names, pool.map(lambda n: files.sha256(folder / n), names), strict=True))
+BLOCK_BYTES = 1 << 27
+
+
+def block_digests(folder: Path, names: list[str], block: int = BLOCK_BYTES) -> dict[str, list[str]]:
+    """The sha256 of each `block` bytes of each file (one digest, of nothing, for an empty
+    file), many blocks at once: hashlib releases the GIL on large reads."""
+    blocks = [
+        (name, index)
+        for name in names
+        for index in range(max(1, -(-(folder / name).stat().st_size // block)))
+    ]
+    with ThreadPoolExecutor(min(16, os.cpu_count() or 1)) as pool:
+        hashed = pool.map(lambda b: _block_digest(folder / b[0], b[1] * block, block), blocks)
+        digests: dict[str, list[str]] = {name: [] for name in names}
+        for (name, _), digest in zip(blocks, hashed, strict=True):
+            digests[name].append(digest)
+    return digests
+
+
+def _block_digest(path: Path, start: int, size: int) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        f.seek(start)
+        left = size
+        while left and (data := f.read(min(left, 1 << 23))):
+            digest.update(data)
+            left -= len(data)
+    return digest.hexdigest()
 
 
 def complete(root: Path, partial: Path, step: int, state: dict, keep_last: int) -> Path:
     """Collective, once every rank has written its files and their digests: COMPLETE.json
-    (every file's size and sha256; rank 0 hashes the small files no rank recorded), then the
+    (every file's size and block digests; rank 0 hashes the small files no rank recorded), then the
     rename to iter_N, latest.txt, best.json and retention. Returns the checkpoint folder."""
     _barrier()
     final = root / folder_name(step)
     if _rank() == 0:
-        digests: dict[str, str] = {}
+        digests: dict[str, list[str]] = {}
         for record in sorted((partial / DIGESTS).glob("rank*.json")):
             digests.update(files.read_json(record))
         files.remove_tree(partial / DIGESTS, root.parent)
         sizes = _listing(partial)
-        digests.update(_hashed(partial, sorted(set(sizes) - set(digests))))
+        digests.update(block_digests(partial, sorted(set(sizes) - set(digests))))
         for path in partial.rglob("*"):
             if path.is_file():
                 with open(path, "rb") as f:
                     os.fsync(f.fileno())
-        complete = {"step": step, "files": sizes, "sha256": {n: digests[n] for n in sizes}}
+        complete = {
+            "step": step,
+            "files": sizes,
+            "block_bytes": BLOCK_BYTES,
+            "sha256_blocks": {n: digests[n] for n in sizes},
+        }
         files.write_json(partial / "COMPLETE.json", complete)
         if final.exists():  # a save of this step from an earlier attempt, since resumed from
             _discard(final, root.parent)

@@ -1,10 +1,11 @@
 """Checkpoints written while training goes on: megatron-core's asynchronous distributed
-checkpointing. Training waits only while the tensors are copied to host memory and a writer
-process is forked; the writer writes them and hashes what it wrote; the checkpoint is completed
-(COMPLETE.json, renamed, latest.txt, best.json) at the first step boundary after every rank's
-writer is done. At most one save is in flight: the next waits for it, as do the end of the
-run and a stop for a signal. A kill while one is in flight leaves its `.partial` folder, which
-is never loaded: the run resumes from the checkpoint before it.
+checkpointing. Training waits only while the tensors are copied to host memory kept from save
+to save (pipeline.training.host_staging) and a writer process is forked; the writer writes
+them and hashes what it wrote; the checkpoint is completed (COMPLETE.json, renamed,
+latest.txt, best.json) at the first step boundary after every rank's writer is done. At most
+one save is in flight: the next waits for it, as do the end of the run and a stop for a
+signal. A kill while one is in flight leaves its `.partial` folder, which is never loaded: the
+run resumes from the checkpoint before it.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import torch
 from pipeline.core import files
 from pipeline.runtime.device import cuda_calls_on_cpu
 from pipeline.training import checkpoint
+from pipeline.training.host_staging import HostStaging
 
 
 @dataclass
@@ -51,6 +53,7 @@ class CheckpointSaver:
             from megatron.core.dist_checkpointing.strategies.async_utils import AsyncCallsQueue
 
             self.queue = AsyncCallsQueue()
+        self.staging = HostStaging()
         self.in_flight: _InFlight | None = None
 
     def _cuda_calls(self) -> contextlib.AbstractContextManager:
@@ -76,7 +79,9 @@ class CheckpointSaver:
                     checkpoint.record_digests(partial_folder, rank)
                 else:
                     hashing = partial(_write_then_hash, request.async_fn, partial_folder, rank)
-                    request = request._replace(async_fn=hashing)
+                    # the writer's second argument: the buckets it writes, copied to host memory
+                    staging = partial(self.staging.preload, request.async_fn_args[1])
+                    request = request._replace(async_fn=hashing, preload_fn=staging)
                 with self._cuda_calls():
                     self.queue.schedule_async_request(request)
         except BaseException:

@@ -136,14 +136,23 @@ class Trainer(Engine):
         folder = checkpoint.latest(self.paths.checkpoints, collective=True)
         if folder is None:
             return
+        verified = time.perf_counter()
         self._check_resumable_layout(folder)
         saved = checkpoint.load(folder, self.backend, self.chunks, self.optimizer)
         self.state = RunState(**saved["run"])
         self.scheduler.load_state_dict(self.state.scheduler)
-        took = time.perf_counter() - started  # checksums verified, then loaded
-        self._log(f"resumed from {folder} at step {self.state.step} (loaded in {took:.1f} s)")
+        took = time.perf_counter() - started
+        self._log(
+            f"resumed from {folder} at step {self.state.step} (in {took:.1f} s: checksums "
+            f"{verified - started:.1f} s, loading {took - verified + started:.1f} s)"
+        )
         self.metrics.record(
-            {"step": self.state.step, "resumed_from": folder.name, "resume_load_s": took}
+            {
+                "step": self.state.step,
+                "resumed_from": folder.name,
+                "resume_load_s": took,
+                "resume_verify_s": verified - started,
+            }
         )
 
     def _check_resumable_layout(self, folder) -> None:

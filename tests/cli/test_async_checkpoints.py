@@ -136,8 +136,9 @@ def test_saved_in_the_background_or_not_a_checkpoint_holds_the_same_bytes(tokeni
         assert not (folder / checkpoint.DIGESTS).exists()
         completes[async_save] = json.loads((folder / "COMPLETE.json").read_text())
     background, blocking = completes["true"], completes["false"]
-    assert sorted(background["sha256"]) == sorted(background["files"])
+    assert sorted(background["sha256_blocks"]) == sorted(background["files"])
     assert background["files"].keys() == blocking["files"].keys()
     tensors = [name for name in background["files"] if name.endswith(".distcp")]
-    assert tensors and all(background["sha256"][n] == blocking["sha256"][n] for n in tensors)
+    digests = background["sha256_blocks"], blocking["sha256_blocks"]
+    assert tensors and all(digests[0][n] == digests[1][n] for n in tensors)
     assert all(background["files"][n] == blocking["files"][n] for n in tensors)

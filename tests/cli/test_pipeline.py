@@ -89,13 +89,14 @@ def test_subprocess_executor_runs_the_array_and_two_gloo_ranks(tmp_path):
     assert len(single) == len(dual) > 0
     assert all(abs(a - b) < 1e-4 * abs(a) for a, b in zip(single, dual, strict=True))
 
-    # the two ranks hashed their shares of each checkpoint: every file's sha256 is recorded
-    from pipeline.core.files import sha256
+    # the two ranks hashed their shares of each checkpoint: every file's digests are recorded
+    from pipeline.training.checkpoint import block_digests
 
     for folder in sorted((two / "checkpoints").glob("iter_*")):
         complete = json.loads((folder / "COMPLETE.json").read_text())
-        assert "rng_rank00001.pt" in complete["sha256"]
-        assert complete["sha256"] == {name: sha256(folder / name) for name in complete["files"]}
+        recorded = complete["sha256_blocks"]
+        assert "rng_rank00001.pt" in recorded
+        assert recorded == block_digests(folder, list(complete["files"]))
 
 
 def test_a_second_launcher_on_the_same_workdir_refuses_and_names_the_holder(tmp_path):

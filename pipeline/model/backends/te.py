@@ -16,6 +16,13 @@ from pipeline.model.backends import names
 from pipeline.model.sizes import params_dtype
 from pipeline.runtime import distributed
 
+# How megatron-core's distributed optimizer lays out its state in a checkpoint: each rank writes
+# its own shard of every parameter's main copy and moments, in place, under the parameter's
+# global shape, so any tensor/pipeline/data layout loads it and no rank gathers the others'
+# state while training waits ("fully_reshardable", which saves of 0.3.0 used and which still
+# load, gathers and reshapes all of it on the host at every save).
+OPTIMIZER_FORMAT = "fully_sharded_model_space"
+
 # Two fp8 recipes users ask for by name: delayed scaling (amax history) and per-tensor current
 # scaling ("tensorwise").
 FP8_RECIPES = {"delayed": "delayed", "tensorwise": "tensorwise"}
@@ -152,28 +159,29 @@ class TransformerEngineBackend:
     def schedule_context(self) -> contextlib.AbstractContextManager:
         return contextlib.nullcontext()
 
-    def _sharded_state(self, chunks, optimizer, loading: bool) -> dict:
+    def _sharded_state(self, chunks, optimizer, loading: bool, optimizer_format: str) -> dict:
         state = dist_checkpoint.model_state(chunks)
         if optimizer is not None:
-            # fully reshardable: a checkpoint saved under one layout resumes under another
             state["optimizer"] = optimizer.inner.sharded_state_dict(
                 dict(state),
                 is_loading=loading,
-                metadata={"distrib_optim_sharding_type": "fully_reshardable"},
+                metadata={"distrib_optim_sharding_type": optimizer_format},
             )
         return state
 
     def save(
         self, folder: Path, chunks: list[torch.nn.Module], optimizer: Any, asynchronous: bool
     ) -> Any | None:
-        state = self._sharded_state(chunks, optimizer, False)
+        state = self._sharded_state(chunks, optimizer, False, OPTIMIZER_FORMAT)
         return dist_checkpoint.save(folder, state, asynchronous=asynchronous)
 
     def load(self, folder: Path, chunks: list[torch.nn.Module], optimizer: Any | None) -> None:
         if optimizer is None:  # the weights alone, from any layout or layer spec
             dist_checkpoint.load_weights(folder, chunks)
             return
-        state = dist_checkpoint.load(folder, self._sharded_state(chunks, optimizer, True))
+        saved_format = dist_checkpoint.saved_optimizer_format(folder) or OPTIMIZER_FORMAT
+        wanted = self._sharded_state(chunks, optimizer, True, saved_format)
+        state = dist_checkpoint.load(folder, wanted)
         for i, chunk in enumerate(chunks):
             key = dist_checkpoint.chunk_key(i, len(chunks))
             dist_checkpoint.unwrap(chunk).load_state_dict(state[key])
