@@ -170,10 +170,16 @@ def _check_resume_layout(cfg: PipelineConfig, vocab_size: int) -> None:
     paths = RunPaths.of(cfg.workdir)
     if "train" not in cfg.stages or paths.train_done.exists():
         return
+    p = cfg.parallel
     problem = checkpoint_records.layout_problem(
         checkpoint_records.tracked_state(paths),
-        backend_names.for_training(cfg),
-        padded_vocab(vocab_size, cfg.model, cfg.parallel.tensor),
+        {
+            "tensor": p.tensor,
+            "pipeline": p.pipeline,
+            "virtual_pipeline": p.virtual_pipeline,
+            "backend": backend_names.for_training(cfg),
+            "padded_vocab_size": padded_vocab(vocab_size, cfg.model, p.tensor),
+        },
     )
     if problem:
         raise ConfigError(f"{problem[0]}: {problem[1]}")

@@ -38,18 +38,19 @@ def chosen(paths: RunPaths, choice: str) -> str | None:
     return tracker.read_text().strip() if tracker.is_file() else None
 
 
-def layout_problem(
-    saved: dict | None, backend: str, padded_vocab_size: int
-) -> tuple[str, str] | None:
+def layout_problem(saved: dict | None, current: dict) -> tuple[str, str] | None:
     """(key, why) when training cannot resume from the checkpoint whose state.json is `saved`
-    with the given backend and padded vocabulary. Its weights and optimizer state are sharded
-    by megatron-core's distributed format, so they load under any tensor, pipeline and
-    data-parallel layout, unless the layout pads the vocabulary to another size (the
-    embedding's shape) or another backend would read the optimizer state (its format)."""
+    under the `current` layout (LAYOUT_KEYS, backend, padded_vocab_size). Its weights and
+    optimizer state are sharded by megatron-core's distributed format, so they load under any
+    tensor, pipeline and data-parallel layout, unless the layout pads the vocabulary to another
+    size (the embedding's shape), another backend would read the optimizer state (its format),
+    or the distributed optimizer saved its shards in place (train.reshardable_optimizer=false):
+    those load under the same tensor/pipeline layout alone."""
     layout = (saved or {}).get("layout")
     if not layout:
         return None
     was = ", ".join(f"parallel.{k}={layout[k]}" for k in LAYOUT_KEYS)
+    backend, padded_vocab_size = current["backend"], current["padded_vocab_size"]
     if layout.get("backend") != backend:
         return "train.device", (
             f"the checkpoint to resume was written by the {layout.get('backend')} backend "
@@ -62,5 +63,13 @@ def layout_problem(
             f"{layout.get('padded_vocab_size')}; this layout pads it to {padded_vocab_size} "
             "(model.make_vocab_size_divisible_by x parallel.tensor), another embedding shape; "
             "choose a tensor-parallel size that pads it the same"
+        )
+    changed = [k for k in LAYOUT_KEYS if layout[k] != current[k]]
+    if layout.get("optimizer_sharding") == "dp_reshardable" and changed:
+        return f"parallel.{changed[0]}", (
+            f"the checkpoint to resume holds the distributed optimizer's shards as saved under "
+            f"{was}, which load under that tensor/pipeline layout alone (the data-parallel "
+            "size may change); resume under it, and save once with "
+            "train.reshardable_optimizer=true to change it"
         )
     return None

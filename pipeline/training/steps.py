@@ -41,6 +41,7 @@ NOT_SETTINGS = (
     "threads",
     "exit_signal_lead_s",
     "async_save",
+    "reshardable_optimizer",
     "max_requeues",
     "eval_samples",  # as validation samples, below
     "eval_iters",

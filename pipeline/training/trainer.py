@@ -159,11 +159,16 @@ class Trainer(Engine):
         """Refused before submission too (planning.preflight); here for a step called directly."""
         saved = files.read_json(folder / "state.json")
         layout = self.parallel_layout()
-        problem = checkpoint_records.layout_problem(
-            saved, layout["backend"], layout["padded_vocab_size"]
-        )
+        problem = checkpoint_records.layout_problem(saved, layout)
         if problem:
             raise RuntimeError(f"{folder}: {problem[1]}")
+
+    def _optimizer_sharding(self) -> str | None:
+        """How the optimizer state is laid out in the checkpoints (a layout a resume must keep,
+        for "dp_reshardable"); None: reshardable, whatever the layout."""
+        sharding = getattr(self.optimizer, "sharding", None)
+        uses_shards = self.cfg.parallel.distributed_optimizer
+        return sharding if uses_shards and sharding == "dp_reshardable" else None
 
     def _tick(self) -> None:
         now = time.time()
@@ -177,7 +182,7 @@ class Trainer(Engine):
         state = {
             "step": self.state.step,
             "val_loss": self.state.val_loss,
-            "layout": self.parallel_layout(),
+            "layout": {**self.parallel_layout(), "optimizer_sharding": self._optimizer_sharding()},
             "made_from": self.made_from,
             "run": dict(vars(self.state)),  # as it is now: training goes on while it is written
         }

@@ -120,37 +120,27 @@ def test_resume_reproduces_the_uninterrupted_loss_curve(bf16_run, tmp_path):
     )
 
 
-def test_a_checkpoint_with_the_optimizer_state_of_0_3_0_resumes(bf16_run, data_dir, tmp_path):
-    """Saves of 0.3.0 hold the distributed optimizer's state gathered whole ("fully_reshardable");
-    a run saved so (the pipeline run in-process with that format) resumes from its step 30
-    with today's code and continues the uninterrupted curve."""
+def test_optimizer_state_gathered_for_any_layout_resumes_into_shards_saved_in_place(
+    bf16_run, data_dir, tmp_path
+):
+    """train.reshardable_optimizer=true saves the distributed optimizer's state gathered
+    ("fully_reshardable", as 0.3.0 always did); a resume with the default reads that format
+    from the checkpoint, continues the uninterrupted curve, and saves shards in place."""
     from pipeline.model import dist_checkpoint
 
     reference, _ = bf16_run
-    old = with_data(data_dir, tmp_path / "old-format")
-    as_before = (
-        "import sys; import pipeline.model.backends.te as te; "
-        "te.OPTIMIZER_FORMAT = 'fully_reshardable'; "
-        "from pipeline.__main__ import main; main()"
-    )
-    args = ["cluster=local", f"workdir={old}", *GPU_SMALL, "stages=[tokenize,train]"]
-    result = subprocess.run(
-        [sys.executable, "-c", as_before, *args],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    assert result.returncode == 0, result.stderr[-4000:]
-    saved = old / "checkpoints" / "iter_0000030"
+    gathered = with_data(data_dir, tmp_path / "gathered")
+    pipeline(gathered, "stages=[tokenize,train]", "train.reshardable_optimizer=true")
+    saved = gathered / "checkpoints" / "iter_0000030"
     assert dist_checkpoint.saved_optimizer_format(saved) == "fully_reshardable"
+    assert close(curve(gathered), curve(reference), rtol=2e-3)
 
-    resumed = resumed_from_step_30(old, tmp_path / "resumed")
+    resumed = resumed_from_step_30(gathered, tmp_path / "resumed")
     assert sorted(resumed) == list(range(31, 61))
     uninterrupted = curve(reference)
     assert close(resumed, {s: uninterrupted[s] for s in resumed}, rtol=2e-3)
     again = tmp_path / "resumed" / "checkpoints" / "iter_0000060"
-    assert dist_checkpoint.saved_optimizer_format(again) == "fully_sharded_model_space"
+    assert dist_checkpoint.saved_optimizer_format(again) == "dp_reshardable"
 
 
 def test_a_kill_while_an_async_save_is_in_flight_resumes_from_the_one_before(

@@ -1,6 +1,7 @@
 """Which checkpoints a training can resume from: any tensor, pipeline or data-parallel layout,
-except one that pads the vocabulary to another size or a backend that writes its optimizer
-state in another format. The states are state.json's "layout" as the trainer writes it."""
+except one that pads the vocabulary to another size, a backend that writes its optimizer
+state in another format, or another tensor/pipeline layout when the distributed optimizer saved
+its shards in place. The states are state.json's "layout" as the trainer writes it."""
 
 from __future__ import annotations
 
@@ -9,15 +10,19 @@ from pipeline.training.checkpoint_records import layout_problem
 from tests.conftest import make_config
 
 
-def state(backend: str = "cpu", tensor: int = 2, padded: int = 512) -> dict:
-    layout = {"tensor": tensor, "pipeline": 1, "virtual_pipeline": None}
-    return {"layout": {**layout, "padded_vocab_size": padded, "backend": backend}}
+def layout(backend: str = "cpu", tensor: int = 2, padded: int = 512, **more) -> dict:
+    shape = {"tensor": tensor, "pipeline": 1, "virtual_pipeline": None}
+    return {**shape, "padded_vocab_size": padded, "backend": backend, **more}
+
+
+def state(backend: str = "cpu", tensor: int = 2, padded: int = 512, **more) -> dict:
+    return {"layout": layout(backend, tensor, padded, **more)}
 
 
 def test_another_tensor_pipeline_or_data_layout_resumes():
-    assert layout_problem(state(tensor=2), "cpu", 512) is None
-    assert layout_problem(None, "cpu", 512) is None  # nothing saved yet
-    assert layout_problem({"step": 3}, names.TRANSFORMER_ENGINE, 512) is None
+    assert layout_problem(state(tensor=2), layout(tensor=1)) is None
+    assert layout_problem(None, layout()) is None  # nothing saved yet
+    assert layout_problem({"step": 3}, layout(names.TRANSFORMER_ENGINE)) is None
 
 
 def test_a_gpu_run_resumes_its_own_checkpoint():
@@ -26,18 +31,28 @@ def test_a_gpu_run_resumes_its_own_checkpoint():
     gpu = make_config("/tmp/unused", "train=gpu", "cluster.gpus_per_node=1")
     cpu = make_config("/tmp/unused")
     saved = state(backend=names.TRANSFORMER_ENGINE)
-    assert layout_problem(saved, names.for_training(gpu), 512) is None
-    assert layout_problem(saved, names.for_training(cpu), 512)[0] == "train.device"
+    assert layout_problem(saved, layout(names.for_training(gpu))) is None
+    assert layout_problem(saved, layout(names.for_training(cpu)))[0] == "train.device"
 
 
 def test_another_padded_vocabulary_is_refused_naming_parallel_tensor():
-    key, why = layout_problem(state(tensor=1, padded=576), "cpu", 768)
+    key, why = layout_problem(state(tensor=1, padded=576), layout(tensor=2, padded=768))
     assert key == "parallel.tensor" and "padded to 576; this layout pads it to 768" in why
 
 
 def test_another_backend_is_refused_naming_the_device():
-    key, why = layout_problem(state(backend=names.TRANSFORMER_ENGINE), names.CPU, 512)
+    key, why = layout_problem(state(backend=names.TRANSFORMER_ENGINE), layout(names.CPU))
     assert key == "train.device"
     assert why.startswith(
         "the checkpoint to resume was written by the transformer_engine backend ("
     )
+
+
+def test_optimizer_shards_saved_in_place_keep_the_tensor_and_pipeline_layout():
+    te = names.TRANSFORMER_ENGINE
+    saved = state(te, tensor=2, optimizer_sharding="dp_reshardable")
+    assert layout_problem(saved, layout(te, tensor=2)) is None  # data-parallel size is free
+    key, why = layout_problem(saved, layout(te, tensor=1))
+    assert key == "parallel.tensor"
+    assert "save once with train.reshardable_optimizer=true" in why
+    assert layout_problem(state(te, tensor=2), layout(te, tensor=1)) is None  # reshardable

@@ -16,13 +16,6 @@ from pipeline.model.backends import names
 from pipeline.model.sizes import params_dtype
 from pipeline.runtime import distributed
 
-# How megatron-core's distributed optimizer lays out its state in a checkpoint: each rank writes
-# its own shard of every parameter's main copy and moments, in place, under the parameter's
-# global shape, so any tensor/pipeline/data layout loads it and no rank gathers the others'
-# state while training waits ("fully_reshardable", which saves of 0.3.0 used and which still
-# load, gathers and reshapes all of it on the host at every save).
-OPTIMIZER_FORMAT = "fully_sharded_model_space"
-
 # Two fp8 recipes users ask for by name: delayed scaling (amax history) and per-tensor current
 # scaling ("tensorwise").
 FP8_RECIPES = {"delayed": "delayed", "tensorwise": "tensorwise"}
@@ -154,7 +147,11 @@ class TransformerEngineBackend:
             initial_loss_scale=2.0**16,
             use_distributed_optimizer=cfg.parallel.distributed_optimizer,
         )
-        return _StepAdapter(get_megatron_optimizer(config, chunks), chunks, t.precision == "fp16")
+        # how megatron-core's distributed optimizer lays its state out in a checkpoint: gathered
+        # into each parameter's shape (any layout loads it), or each rank's shard in place
+        sharding = "fully_reshardable" if t.reshardable_optimizer else "dp_reshardable"
+        inner = get_megatron_optimizer(config, chunks)
+        return _StepAdapter(inner, chunks, t.precision == "fp16", sharding)
 
     def schedule_context(self) -> contextlib.AbstractContextManager:
         return contextlib.nullcontext()
@@ -172,15 +169,15 @@ class TransformerEngineBackend:
     def save(
         self, folder: Path, chunks: list[torch.nn.Module], optimizer: Any, asynchronous: bool
     ) -> Any | None:
-        state = self._sharded_state(chunks, optimizer, False, OPTIMIZER_FORMAT)
+        state = self._sharded_state(chunks, optimizer, False, optimizer.sharding)
         return dist_checkpoint.save(folder, state, asynchronous=asynchronous)
 
     def load(self, folder: Path, chunks: list[torch.nn.Module], optimizer: Any | None) -> None:
         if optimizer is None:  # the weights alone, from any layout or layer spec
             dist_checkpoint.load_weights(folder, chunks)
             return
-        saved_format = dist_checkpoint.saved_optimizer_format(folder) or OPTIMIZER_FORMAT
-        wanted = self._sharded_state(chunks, optimizer, True, saved_format)
+        saved = dist_checkpoint.saved_optimizer_format(folder) or optimizer.sharding
+        wanted = self._sharded_state(chunks, optimizer, True, saved)
         state = dist_checkpoint.load(folder, wanted)
         for i, chunk in enumerate(chunks):
             key = dist_checkpoint.chunk_key(i, len(chunks))
@@ -247,10 +244,11 @@ class _StepAdapter:
     bf16 and fp32 optimizers would apply it (only fp16 loss scaling checks, and lowers its
     scale, so fp16 is left to it)."""
 
-    def __init__(self, inner, chunks: list[torch.nn.Module], fp16: bool) -> None:
+    def __init__(self, inner, chunks: list[torch.nn.Module], fp16: bool, sharding: str) -> None:
         self.inner = inner
         self.chunks = chunks
         self.fp16 = fp16
+        self.sharding = sharding  # megatron-core's distrib_optim_sharding_type for saves
 
     @property
     def param_groups(self) -> list[dict]:
