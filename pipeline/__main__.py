@@ -32,5 +32,6 @@ def choose_cluster(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
+    cli.check_overrides(sys.argv[1:])
     choose_cluster(sys.argv)
     main()

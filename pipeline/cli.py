@@ -9,8 +9,12 @@ the command, and reports a user's mistake in one line, without a traceback:
 
 from __future__ import annotations
 
+import dataclasses
+import difflib
 import logging
+import re
 import sys
+import typing
 from collections.abc import Callable
 
 from omegaconf import DictConfig
@@ -33,6 +37,65 @@ config.register()  # before Hydra composes: conf/config.yaml starts from the sch
 def fail(message: str, code: int) -> None:
     print(f"error: {message}", file=sys.stderr)
     sys.exit(code)
+
+
+def check_overrides(args: list[str]) -> None:
+    """Compose the config for these command-line overrides before Hydra runs the command,
+    and turn what Hydra would report in several lines (a key that is not a setting, a value of
+    the wrong type, a config group option that does not exist) into one line naming the key,
+    exit 2. Hydra's own options (-m, --config-dir, ...) leave the check to Hydra."""
+    if any(arg.startswith("-") for arg in args):
+        return
+    from hydra import compose, initialize_config_dir
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    try:
+        with initialize_config_dir(config_dir=CONF, version_base=None):
+            compose("config", overrides=args)
+    except (HydraException, OmegaConfBaseException) as e:
+        chain = [str(e)]
+        while e.__cause__ is not None:  # the details (the key, the type) are in the causes
+            e = e.__cause__
+            chain.append(str(e))
+        fail(overrides_problem("\n\x00".join(chain)), EXIT_CONFIG)
+
+
+def overrides_problem(message: str) -> str:
+    """Hydra's or OmegaConf's message about an override, as one line starting with the key."""
+    full_key = re.search(r"full_key: (\S+)", message)
+    key = full_key[1] if full_key else None
+    if key and "not in" in message:
+        return f"{key}: not a setting of this pipeline{_nearest(key)}"
+    converted = re.search(r"Value '(.*)' of type '\w+' could not be converted to (\w+)", message)
+    if key and converted:
+        return f"{key}: {converted[1]!r} is not a valid {converted[2].lower()}"
+    group = re.search(r"Could not find '([^/']+)/([^']+)'", message)
+    if group:
+        options = re.findall(r"^\t(\S+)$", message, re.M)
+        listed = f" (one of: {', '.join(options)})" if options else ""
+        return f"{group[1]}: there is no {group[1]} config named {group[2]!r}{listed}"
+    # the most specific line: the last cause's first line
+    causes = [c for c in message.split("\n\x00") if c.strip()]
+    detail = causes[-1].strip().splitlines()[0] if causes else message
+    return f"{key + ': ' if key else ''}{detail}"
+
+
+def _nearest(key: str) -> str:
+    """'; did you mean train.steps?' for train.stepz, from the schema's keys."""
+    depth = key.count(".")
+    known = [k for k in _schema_keys(PipelineConfig, "") if k.count(".") == depth]
+    near = difflib.get_close_matches(key, known, n=1)
+    return f"; did you mean {near[0]}?" if near else ""
+
+
+def _schema_keys(schema: type, prefix: str) -> list[str]:
+    keys = []
+    for name, hint in typing.get_type_hints(schema).items():
+        keys.append(f"{prefix}{name}")
+        if dataclasses.is_dataclass(hint):
+            keys.extend(_schema_keys(hint, f"{prefix}{name}."))
+    return keys
 
 
 def given() -> list[str]:

@@ -90,6 +90,7 @@ def main() -> None:
     except ConfigError as e:
         cli.fail(str(e), cli.EXIT_CONFIG)
     sys.argv[1:] = rest
+    cli.check_overrides(rest)
 
     @hydra.main(config_path=cli.CONF, config_name="config", version_base=None)
     def plan(composed: DictConfig) -> None:

@@ -6,6 +6,8 @@ folder holds no run."""
 
 from __future__ import annotations
 
+import sys
+
 import hydra
 from omegaconf import DictConfig
 
@@ -36,4 +38,5 @@ def main(composed: DictConfig) -> None:
 
 
 if __name__ == "__main__":
+    cli.check_overrides(sys.argv[1:])
     main()

@@ -46,6 +46,7 @@ def run_step(name: str, cfg: PipelineConfig) -> None:
 
 def main() -> None:
     name = sys.argv.pop(1) if len(sys.argv) > 1 and "=" not in sys.argv[1] else ""
+    cli.check_overrides(sys.argv[1:])
 
     @hydra.main(config_path=cli.CONF, config_name="config", version_base=None)
     def step(composed: DictConfig) -> None:

@@ -9,8 +9,10 @@ and tests that need a config without the command line; `read` loads a run's save
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import hashlib
 import os
+import typing
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -55,9 +57,26 @@ def typed(composed: DictConfig) -> PipelineConfig:
     missing = sorted(OmegaConf.missing_keys(composed))
     if missing:
         raise ConfigError(f"{missing[0]}: needs a value (it is ??? in the config)")
+    _refuse_unknown_keys(composed, PipelineConfig, "")
     cfg = OmegaConf.to_object(composed)
     cfg.data.sources = {name: source(name, value) for name, value in cfg.data.sources.items()}
     return cfg
+
+
+def _refuse_unknown_keys(node: DictConfig, schema: type, prefix: str) -> None:
+    """A key the schema does not have (`+train.stepz=20`, a typo Hydra lets through when
+    asked to add it) is a ConfigError naming it and the nearest real key, never a new
+    setting that nothing reads."""
+    hints = typing.get_type_hints(schema)
+    for key in node:
+        name = f"{prefix}{key}"
+        if key not in hints:
+            near = difflib.get_close_matches(str(key), list(hints), n=1)
+            hint = f"; did you mean {prefix}{near[0]}?" if near else ""
+            raise ConfigError(f"{name}: not a setting of this pipeline{hint}")
+        child = node._get_node(key)
+        if dataclasses.is_dataclass(hints[key]) and isinstance(child, DictConfig):
+            _refuse_unknown_keys(child, hints[key], f"{name}.")
 
 
 def source(name: str, value: Any) -> SourceConfig:

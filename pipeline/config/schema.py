@@ -45,6 +45,10 @@ class DataConfig:
     # The plan warns when the training token budget repeats a source more often than this
     warn_epochs: float = 4.0
     strict: bool = False  # stop at the first bad record instead of counting it
+    # the share of all records that may be bad (each is counted and logged in data/rejects/)
+    # before the run stops at verify, naming the reasons; a file none of whose records is a
+    # document stops it whatever this says
+    max_reject_fraction: float = 0.01
     max_document_bytes: int = 64 * 1024 * 1024
     builtin_corpus_bytes: int = 4_000_000
 

@@ -161,6 +161,8 @@ def _validate_data(cfg: PipelineConfig) -> None:
     _require(bool(d.text_key), "data.text_key", "must not be empty")
     _one_of(cfg, "data.dedup", ("none", "exact"))
     _require(d.warn_epochs > 0, "data.warn_epochs", "must be > 0")
+    fraction = d.max_reject_fraction
+    _require(0 <= fraction <= 1, "data.max_reject_fraction", f"{fraction} must be in [0, 1]")
     if d.prepared:
         manifest = os.path.join(os.path.expanduser(d.prepared), "data", "manifest.json")
         _require(os.path.isfile(manifest), "data.prepared", f"{manifest} does not exist")

@@ -6,12 +6,15 @@ back as a `Reject` naming file:line and the reason, and the caller counts and lo
 
 from __future__ import annotations
 
+import functools
 import gzip
 import json
 import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import BinaryIO
+
+from pipeline.core.errors import StageError
 
 BOM = b"\xef\xbb\xbf"
 READ_CHUNK = 1 << 20
@@ -44,12 +47,28 @@ class Reject:
         return f"{self.path}:{self.line}"
 
 
-class BadRecord(ValueError):
+class BadRecord(StageError):
     """Raised in strict mode: the first bad record, as one line naming file:line."""
 
 
+GZIP_MAGIC = b"\x1f\x8b"
+
+
+@functools.lru_cache(maxsize=65536)
 def is_gzip(path: str) -> bool:
-    return path.endswith(".gz")
+    """Whether the file is gzip-compressed, by its first bytes, whatever its name says: a
+    plain file named .gz is read as text, not dropped whole as a broken archive."""
+    with open(path, "rb") as f:
+        return f.read(2) == GZIP_MAGIC
+
+
+def misnamed(path: str) -> str | None:
+    """A warning for a file whose name says otherwise than its content, or None."""
+    named = path.endswith(".gz")
+    if named == is_gzip(path):
+        return None
+    actual = "plain text" if named else "gzip-compressed"
+    return f"{path} is {actual}, whatever its name says: read as {actual}"
 
 
 def _open(span: Span) -> BinaryIO:

@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import bisect
 import os
+import sys
 
 from pipeline.config import DataConfig
 from pipeline.core import files
 from pipeline.core.errors import ConfigError
 from pipeline.core.paths import RunPaths
 from pipeline.data import sources
-from pipeline.data.records import Span, is_gzip
+from pipeline.data.records import Span, is_gzip, misnamed
 from pipeline.data.sources import portable
 
 FORMAT = 2  # of the data folder: 2, every document's split decided by its text (0.3 on)
@@ -55,6 +56,9 @@ def plan(paths: RunPaths, data: DataConfig) -> list[list[Span]]:
     saved = files.read_json_or_none(paths.shard_plan)
     listed = sources.files(paths, data)
     if saved is None:
+        for _, path in listed:
+            if warning := misnamed(path):
+                print(f"[plan] warning: {warning}", file=sys.stderr, flush=True)
         sizes = [(name, path, os.path.getsize(path)) for name, path in listed]
         shards = make_plan(sizes, data.num_shards)
         saved = {
@@ -70,9 +74,9 @@ def plan(paths: RunPaths, data: DataConfig) -> list[list[Span]]:
     elif sorted(saved["inputs"]) != sorted(portable(p, root) for _, p in listed) or (
         saved["num_shards"] != data.num_shards
     ):
-        raise RuntimeError(
-            f"data.inputs or data.num_shards changed since {paths.shard_plan} was planned; "
-            "use a new workdir (or force=tokenize) to tokenize a different corpus"
+        raise ConfigError(
+            f"data.inputs: the inputs or data.num_shards changed since {paths.shard_plan} was "
+            "planned; use a new workdir (or force=tokenize) to tokenize a different corpus"
         )
     return [
         [Span(str(root / path), start, end, source) for source, path, start, end in spans]

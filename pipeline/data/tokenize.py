@@ -63,7 +63,9 @@ class Batch:
     text_bytes: int = 0
 
 
-def _batches(spans: list[Span], data: DataConfig, text_keys: dict) -> Iterator[Batch]:
+def _batches(
+    spans: list[Span], data: DataConfig, text_keys: dict, per_input: dict[str, Counter]
+) -> Iterator[Batch]:
     batch = Batch(None, [], [])
     for span in spans:
         if span.source != batch.source:
@@ -71,8 +73,10 @@ def _batches(spans: list[Span], data: DataConfig, text_keys: dict) -> Iterator[B
                 yield batch
             batch = Batch(span.source, [], [])
         key = text_keys.get(span.source, data.text_key)
+        read_here = per_input[span.path]
         for item in read(span, key, data.max_document_bytes):
             batch.items.append(item)
+            read_here["documents" if isinstance(item, Document) else item.reason] += 1
             if isinstance(item, Document):
                 batch.digests.append(digest(item.text))
                 batch.text_bytes += item.source_bytes
@@ -149,7 +153,10 @@ def _write_batch(
                 continue
             stats["no_tokens"] += 1  # text that encodes to nothing: an empty document
         elif strict:
-            raise BadRecord(f"{item.where()}: {item.reason} {item.detail}".strip())
+            raise BadRecord(
+                f"data.strict: {item.where()}: {item.reason} {item.detail}".strip()
+                + " (data.strict=false counts bad records in data/rejects/ and goes on)"
+            )
         else:
             rejected[item.reason] += 1
             log(item)
@@ -171,6 +178,9 @@ class Counts:
 
     stats: dict[str | None, Counter] = field(default_factory=lambda: defaultdict(Counter))
     rejected: dict[str | None, Counter] = field(default_factory=lambda: defaultdict(Counter))
+    # by input file: "documents" read (tokens or not), and bad records by reason, so that a
+    # file none of whose records is a document is found (pipeline.data.verify)
+    per_input: dict[str, Counter] = field(default_factory=lambda: defaultdict(Counter))
 
     def total(self, name: str) -> int:
         return sum(c[name] for c in self.stats.values())
@@ -201,7 +211,7 @@ def encode_spans(
         def log(item: Reject) -> None:
             rej_out.write(json.dumps(item.__dict__) + "\n")
 
-        batches = _prefetched(_batches(spans, data, text_keys))
+        batches = _prefetched(_batches(spans, data, text_keys, counts.per_input))
         for batch, encoded in _encoded(batches, sp, threads):
             stats, rejected = counts.stats[batch.source], counts.rejected[batch.source]
             documents = stats["documents"]
@@ -256,6 +266,7 @@ class ShardRecord(TypedDict):
     tokens: int
     bytes_in: int
     rejected: dict[str, int]
+    inputs: dict[str, dict[str, int]]  # input file -> "documents" read, bad records by reason
     rejects_file: str
     vocab_size: int
     seconds: float
@@ -303,6 +314,7 @@ def tokenize_shard(
         "tokens": counts.total("tokens"),
         "bytes_in": counts.total("bytes_in"),
         "rejected": dict(rejected),
+        "inputs": {path: dict(read) for path, read in counts.per_input.items()},
         "rejects_file": str(rejects_file),
         "vocab_size": sp.vocab_size(),
         "seconds": round(time.time() - started, 3),

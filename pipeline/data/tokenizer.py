@@ -9,14 +9,17 @@ from __future__ import annotations
 
 import io
 import random
+import re
 import shutil
 import time
+from collections import Counter
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import TypedDict
 
 from pipeline.config import PipelineConfig, TokenizerConfig
 from pipeline.core import files, provenance
+from pipeline.core.errors import StageError
 from pipeline.core.paths import RunPaths
 from pipeline.data import sources
 from pipeline.data.records import Document, Span, read
@@ -108,10 +111,29 @@ def train_model(texts: list[str], tk: TokenizerConfig) -> bytes:
             **trainer_options(tk),
         )
     except RuntimeError as e:
-        raise RuntimeError(
-            f"tokenizer training failed (tokenizer.vocab_size={tk.vocab_size}?): {e}"
-        ) from e
+        raise StageError(_training_failure(str(e), tk)) from e
     return buffer.getvalue()
+
+
+def _training_failure(message: str, tk: TokenizerConfig) -> str:
+    """sentencepiece's refusal as one line naming the key to change. Its limits depend on the
+    corpus (the characters it holds, the pieces it can form), known only once it is read."""
+    needed = re.search(r"smaller than required_chars\. (\d+) vs (\d+)", message)
+    if needed:
+        return (
+            f"tokenizer.vocab_size: {tk.vocab_size} is smaller than the {needed[2]} characters "
+            f"and special pieces this corpus needs at tokenizer.character_coverage="
+            f"{tk.character_coverage}; raise tokenizer.vocab_size to at least {needed[2]}, or "
+            "lower tokenizer.character_coverage"
+        )
+    too_high = re.search(r"Vocabulary size too high \((\d+)\).*<= (\d+)", message)
+    if too_high:
+        return (
+            f"tokenizer.vocab_size: {tk.vocab_size} is more pieces than the tokenizer's sample "
+            f"of this corpus can form (at most {too_high[2]}); lower tokenizer.vocab_size, or "
+            "give more text"
+        )
+    return f"tokenizer training failed (tokenizer.vocab_size={tk.vocab_size}): {message.strip()}"
 
 
 def write_vocab(model: Path):
@@ -165,9 +187,11 @@ def provide(cfg: PipelineConfig, made_from: dict) -> TokenizerRecord:
             shutil.copyfile(tk.model, tmp)
         meta = {"source": str(Path(tk.model).resolve()), "trained": False}
     else:
-        sample = sample_documents(_documents(paths, cfg), tk.sample_documents, tk.seed)
+        rejected: Counter = Counter()
+        documents = _documents(paths, cfg, rejected)
+        sample = sample_documents(documents, tk.sample_documents, tk.seed)
         if not sample:
-            raise RuntimeError("tokenizer: the corpus holds no valid document to train on")
+            raise StageError(_no_document(cfg, rejected))
         model = train_model(sample, tk)
         with files.atomic_path(target) as tmp:
             tmp.write_bytes(model)
@@ -191,11 +215,33 @@ def provide(cfg: PipelineConfig, made_from: dict) -> TokenizerRecord:
     return meta
 
 
-def _documents(paths: RunPaths, cfg: PipelineConfig) -> Iterator[str]:
-    """Every document of every source, in corpus order."""
+def _documents(paths: RunPaths, cfg: PipelineConfig, rejected: Counter) -> Iterator[str]:
+    """Every document of every source, in corpus order; bad records counted by reason."""
     d = cfg.data
     text_keys = {s.name: s.text_key for s in sources.of(d)}
     for name, path in sources.files(paths, d):
         for item in read(Span(path), text_keys[name], d.max_document_bytes):
             if isinstance(item, Document):
                 yield item.text
+            else:
+                rejected[item.reason] += 1
+
+
+def _no_document(cfg: PipelineConfig, rejected: Counter) -> str:
+    """Why a corpus gave the tokenizer nothing to train on, naming the key to change."""
+    key = "data.sources.<name>.text_key" if cfg.data.sources else "data.text_key"
+    field = "the text field" if cfg.data.sources else repr(cfg.data.text_key)
+    reasons = ", ".join(f"{reason} {n:,}" for reason, n in rejected.most_common(3))
+    if not rejected:
+        return "data.inputs: the corpus holds no record (its files are empty)"
+    if rejected.most_common(1)[0][0] == "missing_text":
+        return (
+            f"{key}: no record of the corpus has {field} ({reasons}); set {key} to the field "
+            "its records hold the text in"
+        )
+    if rejected.most_common(1)[0][0] == "text_not_string":
+        return (
+            f"{key}: {field} of the corpus's records is not a string ({reasons}); the text must "
+            "be one string per record"
+        )
+    return f"data.inputs: the corpus holds no valid document ({reasons}); fix the inputs"

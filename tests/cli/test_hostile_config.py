@@ -52,6 +52,14 @@ INVALID = [
     ("cluster.srun_args=['--x\nrm -rf ~']", "cluster.srun_args"),
     ("force=trian", "force"),
     ("train.eval_iters=4", "train.eval_iters"),
+    # what Hydra itself refuses, in one line too
+    ("train.stepz=20", "train.stepz"),
+    ("+train.stepz=20", "train.stepz"),
+    ("trian.steps=20", "trian"),
+    ("train.steps=many", "train.steps"),
+    ("train.async_save=maybe", "train.async_save"),
+    ("model=gpt-13b", "model"),
+    ("data.max_reject_fraction=1.5", "data.max_reject_fraction"),
 ]
 
 

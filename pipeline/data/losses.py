@@ -1,0 +1,71 @@
+"""What the tokenize array could not read, judged before the data is declared ready: a run never
+goes on having silently lost a file's worth of documents, nor more than a small share of the
+corpus (data.max_reject_fraction). Each bad record is in data/rejects/ with its file:line."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from pipeline.config import DataConfig
+from pipeline.core.errors import StageError
+from pipeline.core.paths import RunPaths
+
+
+def refuse_losses(data: DataConfig, markers: list[dict], paths: RunPaths) -> None:
+    """StageError, in one line naming the file or key, when an input file gave no document but
+    had records, or when the bad records are more than data.max_reject_fraction of all."""
+    per_file: dict[str, Counter] = {}
+    source_of: dict[str, str] = {}
+    for marker in markers:
+        for source, path, *_ in marker["spans"]:
+            source_of[path] = source
+        for path, read in marker.get("inputs", {}).items():  # older markers: totals only
+            per_file.setdefault(path, Counter()).update(read)
+    for path, read in sorted(per_file.items()):
+        bad = {reason: n for reason, n in read.items() if reason != "documents"}
+        if read["documents"] == 0 and bad:
+            key = _text_key(data, source_of.get(path))
+            raise StageError(_lost_file(path, bad, key, paths))
+    rejected = sum(sum(m["rejected"].values()) for m in markers)
+    read_in_all = rejected + sum(_documents_read(m) for m in markers)
+    share = rejected / read_in_all if read_in_all else 0.0
+    if share > data.max_reject_fraction:
+        reasons = sum((Counter(m["rejected"]) for m in markers), Counter())
+        raise StageError(
+            f"data.max_reject_fraction: {rejected:,} of {read_in_all:,} records ({share:.1%}) "
+            f"were rejected ({_most(reasons)}), more than {data.max_reject_fraction:.1%}; each "
+            f"is in {paths.data_dir / 'rejects'} with its file:line: fix the inputs, or raise "
+            "data.max_reject_fraction to accept the loss"
+        )
+
+
+def _documents_read(marker: dict) -> int:
+    if "inputs" in marker:
+        return sum(read.get("documents", 0) for read in marker["inputs"].values())
+    return sum(s["documents"] + s["no_token_documents"] for s in marker["sources"].values())
+
+
+def _text_key(data: DataConfig, source: str | None) -> tuple[str, str]:
+    """The key naming the text's field for `source`'s records, and its value."""
+    own = data.sources.get(source) if data.sources and source else None
+    if own is not None and own.text_key:
+        return f"data.sources.{source}.text_key", own.text_key
+    return "data.text_key", data.text_key
+
+
+def _lost_file(path: str, bad: dict[str, int], key: tuple[str, str], paths: RunPaths) -> str:
+    count = sum(bad.values())
+    if set(bad) <= {"missing_text", "blank_line"} and "missing_text" in bad:
+        return (
+            f"{key[0]}: none of the {count:,} records of {path} has a {key[1]!r} field; set "
+            f"{key[0]} to the field its records hold the text in"
+        )
+    return (
+        f"{path}: all {count:,} records were rejected ({_most(Counter(bad))}), none read as a "
+        f"document; each is in {paths.data_dir / 'rejects'} with its line: fix the file or leave "
+        "it out of the inputs"
+    )
+
+
+def _most(reasons: Counter) -> str:
+    return ", ".join(f"{reason} {n:,}" for reason, n in reasons.most_common(3))
