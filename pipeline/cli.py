@@ -5,6 +5,7 @@ the command, and reports a user's mistake in one line, without a traceback:
     exit 2  a config value (the message starts with the key)
     exit 3  the run folder is in use by another launcher
     exit 1  a step failed for a reason its message explains (out of space, say)
+    exit 130  interrupted (Ctrl-C) outside training (training saves first, then stops)
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from pipeline.orchestration import history, sweep
 
 __all__ = ["CONF", "run", "fail"]
 
-EXIT_FAILED, EXIT_CONFIG, EXIT_LOCKED = 1, 2, 3
+EXIT_FAILED, EXIT_CONFIG, EXIT_LOCKED, EXIT_INTERRUPTED = 1, 2, 3, 130
 
 config.register()  # before Hydra composes: conf/config.yaml starts from the schema
 
@@ -138,6 +139,11 @@ def run(
         fail(str(e), EXIT_LOCKED)
     except StageError as e:
         fail(str(e), EXIT_FAILED)
+    except KeyboardInterrupt:
+        fail(
+            "interrupted (Ctrl-C): complete outputs are kept; rerun the same command to go on",
+            EXIT_INTERRUPTED,
+        )
     except Exception as e:
         cause = files.space_error(e)  # out of space somewhere no step named the file
         if cause is None:

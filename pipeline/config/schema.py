@@ -45,6 +45,9 @@ class DataConfig:
     # The plan warns when the training token budget repeats a source more often than this
     warn_epochs: float = 4.0
     strict: bool = False  # stop at the first bad record instead of counting it
+    # a run that would read a source more times than this is refused before it starts (the
+    # plan prints each source's epochs; data.warn_epochs warns earlier)
+    max_epochs: float = 1000.0
     # the share of all records that may be bad (each is counted and logged in data/rejects/)
     # before the run stops at verify, naming the reasons; a file none of whose records is a
     # document stops it whatever this says

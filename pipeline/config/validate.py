@@ -65,8 +65,12 @@ def _validate_train(cfg: PipelineConfig) -> None:
     _one_of(cfg, "train.lr_decay_style", ("cosine", "linear", "constant", "WSD"))
     t = cfg.train
     _require(t.steps > 0, "train.steps", "must be positive")
-    _require(0 <= t.warmup_steps < t.steps, "train.warmup_steps", "must be in [0, train.steps)")
-    _require(0 <= t.min_lr <= t.lr, "train.min_lr", "must be in [0, train.lr]")
+    _require(
+        0 <= t.warmup_steps < t.steps,
+        "train.warmup_steps",
+        f"{t.warmup_steps} must be in [0, train.steps={t.steps}): lower it with the steps",
+    )
+    _require(0 <= t.min_lr <= t.lr, "train.min_lr", f"{t.min_lr} must be in [0, train.lr={t.lr}]")
     for key in ("log_interval", "eval_interval"):
         _require(getattr(t, key) > 0, f"train.{key}", "must be positive")
     if t.eval_iters is not None:
@@ -161,6 +165,7 @@ def _validate_data(cfg: PipelineConfig) -> None:
     _require(bool(d.text_key), "data.text_key", "must not be empty")
     _one_of(cfg, "data.dedup", ("none", "exact"))
     _require(d.warn_epochs > 0, "data.warn_epochs", "must be > 0")
+    _require(d.max_epochs > 0, "data.max_epochs", "must be > 0")
     fraction = d.max_reject_fraction
     _require(0 <= fraction <= 1, "data.max_reject_fraction", f"{fraction} must be in [0, 1]")
     if d.prepared:

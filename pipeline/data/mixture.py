@@ -79,13 +79,35 @@ def epoch_lines(cfg: PipelineConfig, tokens: dict[str, int], estimated: bool = F
     return lines + warnings
 
 
-def plan_lines(cfg: PipelineConfig) -> list[str]:
-    """epoch_lines from the tokenized data (of this run or data.prepared), else estimated."""
+def known_train_tokens(cfg: PipelineConfig) -> tuple[dict[str, int], bool] | None:
+    """Each source's training tokens, from the tokenized data (of this run or data.prepared),
+    else estimated (the flag says which); None when an input went away (the launch refuses it
+    with its own line)."""
     for run in (cfg.workdir, cfg.data.prepared):
         manifest = files.read_json_or_none(RunPaths.of(run).manifest) if run else None
         if manifest is not None and "sources" in manifest:
-            return epoch_lines(cfg, train_tokens(manifest))
+            return train_tokens(manifest), False
     try:
-        return epoch_lines(cfg, estimated_train_tokens(cfg), estimated=True)
-    except OSError:  # an input that went away: the launch refuses it with its own line
-        return []
+        return estimated_train_tokens(cfg), True
+    except OSError:
+        return None
+
+
+def plan_lines(cfg: PipelineConfig) -> list[str]:
+    known = known_train_tokens(cfg)
+    return [] if known is None else epoch_lines(cfg, known[0], estimated=known[1])
+
+
+def too_many_epochs(cfg: PipelineConfig) -> str | None:
+    """Why the run would read a source more than data.max_epochs times, or None."""
+    known = known_train_tokens(cfg)
+    for s in shares_of(cfg, known[0]) if known else []:
+        if s.epochs > cfg.data.max_epochs:
+            about = "~" if known[1] else ""
+            return (
+                f"train.steps: {cfg.train.steps:,} steps of {cfg.train.global_batch_size:,} "
+                f"sequences read source {s.name} {about}{s.epochs:,.0f} times, more than "
+                f"data.max_epochs={cfg.data.max_epochs:g}; lower train.steps or "
+                "train.global_batch_size, or add data"
+            )
+    return None

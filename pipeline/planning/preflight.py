@@ -11,7 +11,7 @@ from pipeline.config import PipelineConfig
 from pipeline.config.derived import slurm_minutes, trains_on_gpu, world_size
 from pipeline.core.errors import ConfigError
 from pipeline.core.paths import RunPaths
-from pipeline.data import shards
+from pipeline.data import mixture, shards
 from pipeline.data.datasets import check_data, load_manifest
 from pipeline.model.backends import names as backend_names
 from pipeline.model.parameters import parameter_count
@@ -99,6 +99,38 @@ def _check_fp8(cfg: PipelineConfig) -> None:
         )
 
 
+def _check_processes(cfg: PipelineConfig) -> None:
+    c = cfg.cluster
+    ranks = world_size(c)
+    if c.executor == "inprocess" and ranks > 1:
+        raise ConfigError(
+            f"cluster.executor: training takes {ranks} processes (cluster.nodes={c.nodes} x "
+            f"{ranks // c.nodes} per node); the inprocess executor runs one: use "
+            "cluster.executor=subprocess or cluster=slurm"
+        )
+
+
+def _check_epochs(cfg: PipelineConfig) -> None:
+    problem = mixture.too_many_epochs(cfg)
+    if problem:
+        raise ConfigError(problem)
+
+
+def _check_host_memory(cfg: PipelineConfig, vocab_size: int) -> None:
+    """A CPU run here whose ranks would need more memory than this machine has."""
+    if trains_on_gpu(cfg) or cfg.cluster.executor == "slurm":
+        return
+    ranks = world_size(cfg.cluster)
+    need = ranks * memory_per_gpu(cfg.model, vocab_size, ParallelLayout.of(cfg))["total"]
+    have = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    if need > have:
+        raise ConfigError(
+            f"model: {ranks} CPU rank(s) of this model need ~{gib(need)}, more than the "
+            f"{gib(have)} of this machine; choose a smaller model (model=tiny) or run on a "
+            "cluster"
+        )
+
+
 def _check_fits(cfg: PipelineConfig, vocab_size: int) -> None:
     memory_gb = gpu_memory_gb(cfg)
     if memory_gb is None or not trains_on_gpu(cfg):
@@ -160,8 +192,11 @@ def check_training(cfg: PipelineConfig, vocab_size: int) -> None:
     fit the GPUs' memory, a time limit or signal lead too short to save a checkpoint, a CPU
     resume under another layout. Raises ConfigError."""
     _check_device(cfg)
+    _check_processes(cfg)
+    _check_epochs(cfg)
     _check_fp8(cfg)
     _check_fits(cfg, vocab_size)
+    _check_host_memory(cfg, vocab_size)
     _check_time_limit(cfg, vocab_size)
     _check_resume_layout(cfg, vocab_size)
 

@@ -1,5 +1,6 @@
 """Signals asking training to save and stop: a warning before the time limit (requeue), or
-SIGTERM (scancel, preemption: stay stopped). Every rank acts on one at the same step.
+SIGTERM (scancel, preemption: stay stopped) or SIGINT (Ctrl-C, the same; a second one stops
+at once, without the save). Every rank acts on one at the same step.
 
 A training job records them from its first moment (`listen`): Slurm may send the time-limit
 warning up to a minute earlier than asked (the resolution of its event handling), while the
@@ -18,11 +19,14 @@ if TYPE_CHECKING:
     import torch
 
 WARNINGS = (signal.SIGUSR1, signal.SIGUSR2)  # the time-limit warning, as the job asked for it
-SIGNALS = (*WARNINGS, signal.SIGTERM)
+STOPS = (signal.SIGTERM, signal.SIGINT)  # someone stopping the run: save, and stay stopped
+SIGNALS = (*WARNINGS, *STOPS)
 _received: set[int] = set()
 
 
 def _record(signum, frame) -> None:
+    if signum == signal.SIGINT and signum in _received:
+        raise KeyboardInterrupt  # Ctrl-C again: the user will not wait for the save
     _received.add(signum)
 
 
@@ -48,16 +52,17 @@ class StopRequest:
         """The run is over: a time-limit warning from now on (the job ending near its limit)
         has nothing left to save. Ignored, it cannot kill the exiting process once Python has
         put the default handlers back, which Slurm would count as a failed job and so never
-        start the evaluation chained after it."""
+        start the evaluation chained after it. Ctrl-C interrupts again from now on."""
         for sig in WARNINGS:
             signal.signal(sig, signal.SIG_IGN)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
     def agreed(self, device: torch.device) -> bool:
         return distributed.any_rank(bool(_received), device)
 
     def continues(self, device: torch.device) -> bool:
-        """Whether the run should come back by itself: a time-limit warning, and no SIGTERM, on
-        any rank. SIGTERM is someone's scancel, which must stick, or preemption, after which
-        Slurm requeues the job itself."""
+        """Whether the run should come back by itself: a time-limit warning, and no SIGTERM or
+        SIGINT, on any rank. SIGTERM is someone's scancel, which must stick, or preemption,
+        after which Slurm requeues the job itself; SIGINT someone's Ctrl-C."""
         warned = distributed.any_rank(bool(_received & set(WARNINGS)), device)
-        return warned and not distributed.any_rank(signal.SIGTERM in _received, device)
+        return warned and not distributed.any_rank(bool(_received & set(STOPS)), device)

@@ -40,6 +40,15 @@ def test_command_line_rejects_an_unknown_key_naming_the_nearest(sign, tmp_path):
     )
 
 
+def test_a_cpu_model_larger_than_this_machine_is_refused_with_its_size(tmp_path):
+    big = ["model.hidden_size=65536", "model.ffn_hidden_size=262144", "model.num_layers=64"]
+    result = cli(f"workdir={tmp_path / 'run'}", *big, timeout=120)
+    assert result.returncode == 2
+    assert result.stderr.startswith("error: model: 1 CPU rank(s) of this model need ~")
+    assert "more than the " in result.stderr and result.stderr.count("\n") == 1
+    assert not (tmp_path / "run").exists()
+
+
 def test_cli_reads_the_vocabulary_from_the_manifest_and_searches(tmp_path):
     (tmp_path / "data").mkdir()
     (tmp_path / "data" / "manifest.json").write_text(json.dumps({"vocab_size": 32000}))

@@ -60,6 +60,10 @@ INVALID = [
     ("train.async_save=maybe", "train.async_save"),
     ("model=gpt-13b", "model"),
     ("data.max_reject_fraction=1.5", "data.max_reject_fraction"),
+    # bounds that would fail hours later
+    ("train.steps=100000000", "train.steps"),
+    ("train.global_batch_size=1000000000000", "train.steps"),
+    ("cluster.nodes=2", "cluster.executor"),
 ]
 
 

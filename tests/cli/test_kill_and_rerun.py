@@ -109,9 +109,12 @@ def test_killed_at_a_random_moment_the_rerun_finishes_as_if_never_killed(
     assert paths.report.exists()
 
 
-def test_sigterm_in_training_saves_stops_the_chain_and_the_rerun_resumes(uninterrupted, tmp_path):
-    """SIGTERM (preemption, or a user's kill) is not a crash: training saves at the next step
-    and stops; run locally, evaluation must not run on the half-trained model."""
+@pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGINT], ids=["sigterm", "ctrl-c"])
+def test_a_stop_signal_in_training_saves_stops_the_chain_and_the_rerun_resumes(
+    uninterrupted, tmp_path, stop
+):
+    """SIGTERM (preemption, or a user's kill) and Ctrl-C are not a crash: training saves at the
+    next step and stops; run locally, evaluation must not run on the half-trained model."""
     clean, _ = uninterrupted
     workdir = tmp_path / "run"
     with open(tmp_path / "stderr", "w+") as stderr:
@@ -125,16 +128,50 @@ def test_sigterm_in_training_saves_stops_the_chain_and_the_rerun_resumes(uninter
         metrics = RunPaths.of(workdir).metrics  # first written at step 5 of 20
         while not metrics.exists() and proc.poll() is None:
             time.sleep(0.002)
-        proc.send_signal(signal.SIGTERM)
+        proc.send_signal(stop)
         assert proc.wait(timeout=300) == 1
         stderr.seek(0)
         log = stderr.read()
     stopped = re.search(r"error: train: stopped by a signal at step (\d+) after saving; rerun", log)
     assert stopped and log.endswith("rerun the same command to resume\n"), log[-2000:]
-    assert "evaluate: running" not in log
+    assert "evaluate: running" not in log and "Traceback" not in log
+    assert f"{stop.name}: saved step {stopped[1]}, exiting" in log
     step = int(stopped[1])
     rerun = cli(f"workdir={workdir}", *SMALL_SERIAL)
     assert rerun.returncode == 0, rerun.stderr[-3000:]
     folder = RunPaths.of(workdir).checkpoints / checkpoint.folder_name(step)
     assert f"resumed from {folder} at step {step}" in rerun.stderr
     assert loss_curve(workdir) == loss_curve(clean)
+
+
+def test_ctrl_c_outside_training_is_one_line_and_the_rerun_completes(tmp_path):
+    """Ctrl-C while tokenizing stops at once, in one line (exit 130), keeping what is whole."""
+    rng = random.Random(0)
+    words = [
+        "".join(rng.choices("abcdefghijklmnopqrstuvwxyz", k=rng.randint(2, 9))) for _ in range(5000)
+    ]
+    corpus = tmp_path / "corpus.jsonl"
+    with open(corpus, "w") as f:  # tokenizing it takes seconds
+        for _ in range(20000):
+            f.write(json.dumps({"text": " ".join(rng.choices(words, k=300))}) + "\n")
+    args = [f"workdir={tmp_path / 'run'}", "data=jsonl", f"data.inputs=[{corpus}]"]
+    args += ["stages=[tokenize]", "tokenizer.vocab_size=1200", "data.num_shards=2"]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "pipeline", "cluster=local", *args],
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    seen = ""
+    while "tokenize: running" not in seen and proc.poll() is None:
+        seen += proc.stderr.readline()
+    proc.send_signal(signal.SIGINT)
+    rest = proc.communicate(timeout=120)[1]
+    assert proc.returncode == 130, seen + rest
+    assert (seen + rest).endswith(
+        "error: interrupted (Ctrl-C): complete outputs are kept; rerun the same command to go on\n"
+    )
+    assert "Traceback" not in rest
+    rerun = cli(*args)
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
