@@ -9,7 +9,7 @@ the code is laid out" has the exact table):
     training/                    the loop, checkpoints, metrics
     evaluation/ planning/        a checkpoint's evaluation; memory, speed, checks before submission
     orchestration/               the step graph, executors (in-process, subprocess, Slurm, dry run)
-    __main__ step status plan cli   the command lines
+    __main__ step status plan cli usage   the command lines
 """
 
 import warnings
@@ -22,5 +22,13 @@ __version__ = "0.4.0"
 # the backends say what they use instead.
 warnings.filterwarnings("ignore", message=r".*(Apex|Transformer Engine).*not installed.*")
 warnings.filterwarnings("ignore", message=r"full scope is deprecated")
+# megatron-core 0.16's checkpoint loading calls torch APIs that torch marks deprecated: nothing
+# a user of this pipeline can act on, printed at every resume and evaluation.
+warnings.filterwarnings(
+    "ignore", category=FutureWarning, message=r"`load_state_dict` is deprecated"
+)
+warnings.filterwarnings(
+    "ignore", category=FutureWarning, message=r"Please use DTensor instead and we are deprecating"
+)
 
 children.die_with_this_process()  # forked helpers (checkpoint writers) never outlive a run

@@ -9,7 +9,7 @@ import sys
 import hydra
 from omegaconf import DictConfig
 
-from pipeline import cli
+from pipeline import cli, usage
 from pipeline.orchestration import launch, sweep
 from pipeline.orchestration.slurm_queue import slurm_answers
 
@@ -32,6 +32,7 @@ def choose_cluster(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
+    usage.answer_help("pipeline", sys.argv[1:])
     cli.check_overrides(sys.argv[1:])
     choose_cluster(sys.argv)
     main()

@@ -14,7 +14,7 @@ import sys
 import hydra
 from omegaconf import DictConfig
 
-from pipeline import cli
+from pipeline import cli, usage
 from pipeline.config import PipelineConfig
 from pipeline.core.errors import ConfigError
 from pipeline.planning.render import PlanOptions, plan_lines
@@ -85,6 +85,7 @@ def show(options: PlanOptions, cfg: PipelineConfig) -> None:
 
 
 def main() -> None:
+    usage.answer_help("pipeline.plan", sys.argv[1:])
     try:
         options, rest = pop_options(sys.argv[1:])
     except ConfigError as e:

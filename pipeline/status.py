@@ -11,7 +11,7 @@ import sys
 import hydra
 from omegaconf import DictConfig
 
-from pipeline import cli, config
+from pipeline import cli, config, usage
 from pipeline.config import PipelineConfig
 from pipeline.core.errors import ConfigError
 from pipeline.core.paths import RunPaths
@@ -38,5 +38,6 @@ def main(composed: DictConfig) -> None:
 
 
 if __name__ == "__main__":
+    usage.answer_help("pipeline.status", sys.argv[1:])
     cli.check_overrides(sys.argv[1:])
     main()

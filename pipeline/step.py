@@ -14,7 +14,7 @@ import sys
 import hydra
 from omegaconf import DictConfig
 
-from pipeline import cli
+from pipeline import cli, usage
 from pipeline.config import PipelineConfig
 from pipeline.core.errors import ConfigError
 from pipeline.core.steps import Placement
@@ -45,6 +45,7 @@ def run_step(name: str, cfg: PipelineConfig) -> None:
 
 
 def main() -> None:
+    usage.answer_help("pipeline.step", sys.argv[1:])
     name = sys.argv.pop(1) if len(sys.argv) > 1 and "=" not in sys.argv[1] else ""
     cli.check_overrides(sys.argv[1:])
 

@@ -11,6 +11,7 @@ cores stay busy in sentencepiece: see docs/benchmarks.md.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import queue
@@ -183,7 +184,7 @@ class Counts:
     per_input: dict[str, Counter] = field(default_factory=lambda: defaultdict(Counter))
 
     def total(self, name: str) -> int:
-        return sum(c[name] for c in self.stats.values())
+        return sum(c[name] for c in list(self.stats.values()))  # read by _LogProgress too
 
 
 def encode_spans(
@@ -206,7 +207,12 @@ def encode_spans(
     progress = tqdm(
         desc=desc, unit=" docs", file=sys.stderr, mininterval=5, disable=None, dynamic_ncols=True
     )
-    with files.atomic_path(rejects_file) as rej_tmp, open(rej_tmp, "w") as rej_out:
+    in_log = _LogProgress(desc, counts, started) if progress.disable else contextlib.nullcontext()
+    with (
+        in_log,
+        files.atomic_path(rejects_file) as rej_tmp,
+        open(rej_tmp, "w") as rej_out,
+    ):
 
         def log(item: Reject) -> None:
             rej_out.write(json.dumps(item.__dict__) + "\n")
@@ -221,6 +227,41 @@ def encode_spans(
             progress.set_postfix(tok_per_s=f"{tokens / (time.time() - started):.3g}")
     progress.close()
     return counts
+
+
+class _LogProgress:
+    """Where stderr is a log, not a terminal (a Slurm job's): a line every LOG_EVERY_S seconds
+    with what the task has written so far, from a thread, so that a long document, which holds
+    up the writes, does not silence it."""
+
+    def __init__(self, desc: str, counts: Counts, started: float) -> None:
+        self.desc, self.counts, self.started = desc, counts, started
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self._report, daemon=True)
+
+    def __enter__(self) -> _LogProgress:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.done.set()
+        self.thread.join()
+
+    def _report(self) -> None:
+        while not self.done.wait(LOG_EVERY_S):
+            elapsed = time.time() - self.started
+            # list() copies in one step: the reader thread may add keys meanwhile
+            read = sum(sum(list(c.values())) for c in list(self.counts.per_input.values()))
+            print(
+                f"{self.desc}: {elapsed:.0f} s, {read:,} records read, "
+                f"{self.counts.total('documents'):,} documents and "
+                f"{self.counts.total('tokens'):,} tokens written",
+                file=sys.stderr,
+                flush=True,
+            )
+
+
+LOG_EVERY_S = 10.0
 
 
 def tokenize_spans(

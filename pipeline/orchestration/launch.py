@@ -66,6 +66,8 @@ def launch(cfg: PipelineConfig, given: list[str]) -> int:
     if paths.summary.exists():
         print(f"Summary:    {paths.summary}")
         print(paths.summary.read_text())
+    if paths.report_html.exists():
+        print(f"Report:     {paths.report_html} ({paths.report.name} beside it)")
     return 0
 
 

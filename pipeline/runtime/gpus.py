@@ -13,6 +13,9 @@ FP8_CAPABILITY = (8, 9)
 
 # Dense bf16/fp16 tensor-core peaks, TFLOP/s, by device name fragment (fp8 is twice these).
 PEAK_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0, "L40S": 362.0, "B200": 2250.0}
+# Plain fp32 peaks (SXM parts; torch leaves TF32 off for matmuls, and so does this pipeline):
+# train.precision=fp32 runs at these, an order of magnitude below.
+FP32_PEAK_TFLOPS = {"H200": 67.0, "H100": 67.0, "A100": 19.5, "L40S": 91.6, "B200": 80.0}
 
 # What the nominal sizes report as device memory (MiB); other sizes are taken as GiB.
 DEVICE_MIB = {24: 24576, 40: 40960, 80: 81559, 141: 143771}
@@ -22,8 +25,10 @@ GIB = 2**30  # bytes
 
 
 def peak_tflops(device_name: str, precision: str) -> float | None:
-    """Dense peak of a device (torch.cuda.get_device_name() or a cluster.gpu name)."""
-    for fragment, peak in PEAK_TFLOPS.items():
+    """Dense peak of a device (torch.cuda.get_device_name() or a cluster.gpu name) at a
+    train.precision."""
+    table = FP32_PEAK_TFLOPS if precision == "fp32" else PEAK_TFLOPS
+    for fragment, peak in table.items():
         if fragment in device_name:
             return peak * (2 if precision == "fp8" else 1)
     return None

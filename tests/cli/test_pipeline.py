@@ -26,6 +26,7 @@ def test_whole_pipeline_then_rerun_and_single_stages(tmp_path):
     workdir = tmp_path / "run"
     first = pipeline(f"workdir={workdir}", *SMALL, "train.steps=40")
     assert f"Run folder: {workdir}" in first.stdout
+    assert first.stdout.endswith(f"Report:     {workdir / 'report.html'} (report.md beside it)\n")
     summary = json.loads((workdir / "summary.json").read_text())
     for key in (
         "tokens",

@@ -25,7 +25,7 @@ BELOW = {
 }
 BELOW["orchestration"] = set(BELOW) | {"planning"}
 # the package's face and the command lines
-ENTRY_POINTS = {"pipeline", "__main__", "cli", "step", "status", "plan"}
+ENTRY_POINTS = {"pipeline", "__main__", "cli", "step", "status", "plan", "usage"}
 
 
 def module_name(path: Path) -> str:

@@ -338,3 +338,11 @@ def test_preflight_accepts_a_layout_that_fits_and_time_to_save(tmp_path):
     )
     preflight.check_training(cfg, 32000)
     assert preflight.gpu_memory_gb(cfg) == 80
+
+
+def test_the_time_estimate_of_an_fp32_run_uses_the_fp32_peak():
+    from pipeline.runtime.gpus import peak_tflops
+
+    assert peak_tflops("NVIDIA H100 80GB HBM3", "bf16") == 989.0
+    assert peak_tflops("NVIDIA H100 80GB HBM3", "fp8") == 2 * 989.0
+    assert peak_tflops("NVIDIA H100 80GB HBM3", "fp32") == 67.0

@@ -1,0 +1,95 @@
+"""`--help` of the command lines: what each does, the config groups and the keys most runs
+change, with examples. Hydra's own help (its generic text and the whole config) stays behind
+`--hydra-help`; `--cfg job` prints the composed config."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from pipeline.config.compose import CONF
+
+USAGE = {
+    "pipeline": (
+        "python -m pipeline [KEY=VALUE ...]   (make pretrain ARGS='KEY=VALUE ...')",
+        "Tokenize, train and evaluate: runs each step here (cluster=local) or submits them to\n"
+        "Slurm as jobs chained by afterok (cluster=slurm, the default where Slurm answers). A\n"
+        "rerun with the same workdir resumes, continues or refuses; it never reuses what was\n"
+        "made with other settings.",
+        [
+            "python -m pipeline cluster=local                      # CPU, built-in corpus, tiny model",
+            "python -m pipeline data=jsonl 'data.inputs=[/data/*.jsonl.gz]' model=gpt-350m train=gpu",
+            "python -m pipeline workdir=runs/a train.steps=4000     # continue a run to more steps",
+            "python -m pipeline -m train.micro_batch_size=4,8       # a sweep, one run folder each",
+        ],
+    ),
+    "pipeline.plan": (
+        "python -m pipeline.plan [KEY=VALUE ...] [--search] [--gpu-memory GB] [--gpus N]\n"
+        "                        [--gpu NAME] [--tokens N] [--mfu F]",
+        "The plan of a run by arithmetic alone, before anything is submitted: parameters, FLOPs,\n"
+        "memory per GPU, tokens and epochs, wall time; --search ranks the parallel layouts that\n"
+        "fit --gpu-memory on --gpus GPUs.",
+        [
+            "python -m pipeline.plan model=gpt-1.3b train=gpu --gpu H100 --gpus 8 --search",
+            "python -m pipeline.plan model=gpt-2.7b --gpu-memory 80 --tokens 50B",
+        ],
+    ),
+    "pipeline.status": (
+        "python -m pipeline.status workdir=DIR [KEY=VALUE ...]   (make status)",
+        "Each step's state in a run folder (complete, running, failed, what a rerun would do),\n"
+        "from its markers and Slurm; overrides show what a rerun with them would do. Exits 1\n"
+        "when a step failed or would be refused, 2 when the folder holds no run.",
+        [
+            "python -m pipeline.status workdir=runs/gpt-125m",
+            "python -m pipeline.status workdir=runs/a train.steps=8000",
+        ],
+    ),
+    "pipeline.step": (
+        "python -m pipeline.step STEP [KEY=VALUE ...]",
+        "One step of a run by hand (what a Slurm job runs): tokenizer, tokenize, verify, index,\n"
+        "train, evaluate; a complete step is a no-op.",
+        ["python -m pipeline.step verify workdir=runs/a"],
+    ),
+}
+
+COMMON_KEYS = """\
+  workdir=DIR                  the run folder (default runs/<model name>)
+  stages=[tokenize,train,evaluate]   the stages to run; force=STEP redoes STEP and those after
+  data.inputs=[GLOB,...]       JSONL or JSONL.gz files (data=jsonl); data.text_key=text
+  data.sources.NAME={inputs: [GLOB], weight: W}   a weighted mixture (data=mixture)
+  data.prepared=DIR            train on a run folder's tokenized data
+  tokenizer.vocab_size=N       tokenizer.model=FILE to use a trained sentencepiece model
+  model.num_layers, model.hidden_size, model.num_attention_heads, model.seq_length
+  parallel.tensor, parallel.pipeline, parallel.virtual_pipeline
+  train.steps, train.global_batch_size, train.micro_batch_size, train.lr, train.precision
+  train.save_interval, train.eval_interval, train.async_save, train.recompute
+  cluster.nodes, cluster.gpus_per_node, cluster.partition, cluster.time_limit, cluster.account
+  eval.checkpoint=best|latest|PATH
+"""
+
+
+def groups() -> str:
+    """Each config group and its options, from conf/."""
+    lines = []
+    for folder in sorted(p for p in Path(CONF).iterdir() if p.is_dir()):
+        options = ", ".join(sorted(p.stem for p in folder.glob("*.yaml")))
+        lines.append(f"  {folder.name + '=':<12} {options}")
+    return "\n".join(lines)
+
+
+def text(entry: str) -> str:
+    usage, what, examples = USAGE[entry]
+    example_lines = "\n".join(f"  {e}" for e in examples)
+    return (
+        f"usage: {usage}\n\n{what}\n\nConfig groups (GROUP=OPTION):\n{groups()}\n\n"
+        f"Common keys (KEY=VALUE; the whole config: --cfg job; a key to add: +KEY=VALUE is\n"
+        f"refused, every setting already exists):\n{COMMON_KEYS}\nExamples:\n{example_lines}\n\n"
+        "Docs: README.md, docs/reliability.md. Hydra's own help: --hydra-help.\n"
+    )
+
+
+def answer_help(entry: str, args: list[str]) -> None:
+    """Print `entry`'s help and exit when asked (-h, --help)."""
+    if "--help" in args or "-h" in args:
+        sys.stdout.write(text(entry))
+        sys.exit(0)
