@@ -35,6 +35,7 @@ def launch(cfg: PipelineConfig, given: list[str]) -> int:
     preflight.check_stage_inputs(cfg)
     if "train" in cfg.stages:  # refuse what would fail after hours in the queue
         preflight.check_training(cfg, vocab_size(cfg)[0])
+        preflight.check_epochs(cfg)
     verdicts = reruns.judge(cfg)
     reruns.refuse_changes(cfg, verdicts)
     if cfg.cluster.executor == "slurm" and not cfg.dry_run:  # the queue would hold it forever

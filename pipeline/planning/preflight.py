@@ -110,7 +110,8 @@ def _check_processes(cfg: PipelineConfig) -> None:
         )
 
 
-def _check_epochs(cfg: PipelineConfig) -> None:
+def check_epochs(cfg: PipelineConfig) -> None:
+    """A training budget that would read a source more than data.max_epochs times."""
     problem = mixture.too_many_epochs(cfg)
     if problem:
         raise ConfigError(problem)
@@ -193,7 +194,6 @@ def check_training(cfg: PipelineConfig, vocab_size: int) -> None:
     resume under another layout. Raises ConfigError."""
     _check_device(cfg)
     _check_processes(cfg)
-    _check_epochs(cfg)
     _check_fp8(cfg)
     _check_fits(cfg, vocab_size)
     _check_host_memory(cfg, vocab_size)
