@@ -128,7 +128,13 @@ def _validate_eval(cfg: PipelineConfig) -> None:
 
 def _readable_files(pattern: str, key: str) -> list[str]:
     """The files a glob of `key` names; none, or one that cannot be read, is a ConfigError."""
-    matches = [p for p in glob.glob(os.path.expanduser(pattern)) if os.path.isfile(p)]
+    found = glob.glob(os.path.expanduser(pattern))
+    matches = [p for p in found if os.path.isfile(p)]
+    if not matches and found and all(os.path.isdir(p) for p in found):
+        raise ConfigError(
+            f"{key}: {pattern!r} is a folder; name its files with a glob ({pattern.rstrip('/')}"
+            "/*.jsonl, say)"
+        )
     _require(bool(matches), key, f"{pattern!r} matches no file")
     for path in matches:
         _require(os.access(path, os.R_OK), key, f"{path} is not readable")

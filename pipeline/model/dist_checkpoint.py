@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from pipeline.core.errors import StageError
 from pipeline.runtime.device import cuda_calls_on_cpu
 
 if TYPE_CHECKING:
@@ -184,7 +185,7 @@ def load_weights(folder: Path, chunks: list[torch.nn.Module]) -> None:
     )
     weights = sorted(key for key in absent if not key.split("/")[0].endswith("_extra_state"))
     if weights:
-        raise RuntimeError(
+        raise StageError(
             f"checkpoint {folder} holds no {weights[0]} ({len(weights)} tensors of this model "
             "are not in it): it was written for another model shape"
         )
@@ -194,4 +195,4 @@ def load_weights(folder: Path, chunks: list[torch.nn.Module]) -> None:
         )
         left = [k for k in [*missing, *unexpected] if not k.endswith("_extra_state")]
         if left:
-            raise RuntimeError(f"checkpoint {folder}: {left[0]} does not fit this model")
+            raise StageError(f"checkpoint {folder}: {left[0]} does not fit this model")

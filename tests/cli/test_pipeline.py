@@ -73,7 +73,7 @@ def test_subprocess_executor_runs_the_array_and_two_gloo_ranks(tmp_path):
     the single-process loss curve (same global batch, same data order)."""
     one, two = tmp_path / "one", tmp_path / "two"
     pipeline(f"workdir={one}", *SMALL, "stages=[tokenize,train]")
-    pipeline(
+    two_ranks = pipeline(
         f"workdir={two}",
         *SMALL,
         "stages=[tokenize,train]",
@@ -81,6 +81,9 @@ def test_subprocess_executor_runs_the_array_and_two_gloo_ranks(tmp_path):
         "cluster.tasks_per_node=2",
     )
     assert len(list((two / "logs" / "jobs" / "tokenize").glob("*/*_result.pkl"))) == 2
+    # rank 0's lines, followed from its log as they are written
+    assert "step 20/20 | loss" in two_ranks.stderr
+    assert "[train] 2 ranks on 1 node" in two_ranks.stderr
 
     def curve(run: Path) -> list[float]:
         lines = (run / "train" / "metrics.jsonl").read_text().splitlines()

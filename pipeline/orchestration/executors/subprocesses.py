@@ -3,7 +3,12 @@ processes, one per task or training rank, gloo between them), one after the othe
 
 from __future__ import annotations
 
+import contextlib
+import sys
+import threading
 import time
+from collections.abc import Iterator
+from pathlib import Path
 
 from pipeline.config import PipelineConfig
 from pipeline.core.errors import StageError
@@ -31,6 +36,45 @@ def _results(step: Step, job) -> list:
         raise StageError(f"{step.name} failed: {last} (log: {job.paths.stderr})") from None
 
 
+def _log_of_last_rank(job, ranks: int) -> Path:
+    from submitit.core.utils import JobPaths
+
+    return JobPaths(job.paths.folder, job_id=job.job_id, task_id=ranks - 1).stderr
+
+
+@contextlib.contextmanager
+def _followed(log: Path | None, every_s: float = 1.0) -> Iterator[None]:
+    """The log's whole lines echoed on this process's stderr as they are written (a training
+    job's steps, validations and saves), until the block ends."""
+    if log is None:
+        yield
+        return
+    done = threading.Event()
+
+    def follow() -> None:
+        offset = 0
+        while True:
+            finished = done.wait(every_s)
+            if log.exists():
+                with open(log, "rb") as f:
+                    f.seek(offset)
+                    chunk = f.read()
+                whole = chunk.rfind(b"\n") + 1
+                sys.stderr.write(chunk[:whole].decode(errors="replace"))
+                sys.stderr.flush()
+                offset += whole
+            if finished:
+                return
+
+    thread = threading.Thread(target=follow, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join()
+
+
 class SubprocessExecutor:
     name = "subprocess"
 
@@ -52,7 +96,10 @@ class SubprocessExecutor:
             else:
                 submitted = [executor.submit(DistributedTask(step, cfg))]
             say(f"{step.name}: {len(submitted)} job(s), logs under {submitted[0].paths.folder}")
-            with failures_recorded(step, cfg):
+            # an array's tasks each end with a line of their own; a training job's last rank,
+            # which logs the steps (it holds the loss), is followed
+            shown = _log_of_last_rank(submitted[0], needs.ranks) if len(submitted) == 1 else None
+            with failures_recorded(step, cfg), _followed(shown):
                 for job in submitted:
                     stop_if_interrupted(step, _results(step, job)[0])
             say(f"{step.name}: done in {time.time() - started:.1f} s")
