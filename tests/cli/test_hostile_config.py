@@ -19,6 +19,7 @@ INVALID = [
     ("data.num_shards=0", "data.num_shards"),
     ("data.split='90,10'", "data.split"),
     ("data.inputs=[/nonexistent/*.jsonl]", "data.inputs"),
+    ("data.inputs=[/tmp]", "data.inputs"),  # a folder, not its files
     ("data.merge_into=0", "data.merge_into"),
     ("tokenizer.vocab_size=10", "tokenizer.vocab_size"),
     ("tokenizer.type=wordpiece", "tokenizer.type"),
