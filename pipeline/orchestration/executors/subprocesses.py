@@ -45,7 +45,8 @@ def _log_of_last_rank(job, ranks: int) -> Path:
 @contextlib.contextmanager
 def _followed(log: Path | None, every_s: float = 1.0) -> Iterator[None]:
     """The log's whole lines echoed on this process's stderr as they are written (a training
-    job's steps, validations and saves), until the block ends."""
+    job's steps, validations and saves), until the block ends or a traceback starts: a failed
+    job is reported in one line naming its log."""
     if log is None:
         yield
         return
@@ -60,9 +61,12 @@ def _followed(log: Path | None, every_s: float = 1.0) -> Iterator[None]:
                     f.seek(offset)
                     chunk = f.read()
                 whole = chunk.rfind(b"\n") + 1
-                sys.stderr.write(chunk[:whole].decode(errors="replace"))
-                sys.stderr.flush()
                 offset += whole
+                for line in chunk[:whole].decode(errors="replace").splitlines(keepends=True):
+                    if "Traceback (most recent call last)" in line:
+                        return
+                    sys.stderr.write(line)
+                sys.stderr.flush()
             if finished:
                 return
 

@@ -1,0 +1,36 @@
+"""A run folder a team can share: every file and folder the pipeline writes (markers, configs,
+the manifest, shards, the tokenizer, checkpoints, reports, logs) gets the permissions the
+user's umask gives, never private ones from a temporary file renamed into place."""
+
+from __future__ import annotations
+
+import os
+import stat
+import subprocess
+import sys
+
+from tests.conftest import ROOT, SMALL_SERIAL
+
+
+def test_a_whole_run_written_under_umask_027_is_group_readable(tmp_path):
+    workdir = tmp_path / "run"
+    result = subprocess.run(
+        [sys.executable, "-m", "pipeline", "cluster=local", f"workdir={workdir}", *SMALL_SERIAL],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        preexec_fn=lambda: os.umask(0o027),
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    wrong = {}
+    for path in [workdir, *workdir.rglob("*")]:
+        if path.is_symlink():
+            continue
+        mode = stat.S_IMODE(path.stat().st_mode)
+        allowed = {0o750} if path.is_dir() else {0o640, 0o750}  # 750: an executable file
+        if mode not in allowed:
+            wrong[str(path.relative_to(workdir))] = oct(mode)
+    assert wrong == {}
+    checkpoints = list((workdir / "checkpoints").rglob("*.distcp"))
+    assert checkpoints, "the run saved checkpoints"
