@@ -6,6 +6,8 @@ the command, and reports a user's mistake in one line, without a traceback:
     exit 3  the run folder is in use by another launcher
     exit 1  a step failed for a reason its message explains (out of space, say)
     exit 130  interrupted (Ctrl-C) outside training (training saves first, then stops)
+
+PIPELINE_DEBUG=1 prints the traceback behind the line.
 """
 
 from __future__ import annotations
@@ -13,8 +15,10 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import logging
+import os
 import re
 import sys
+import traceback
 import typing
 from collections.abc import Callable
 
@@ -36,6 +40,9 @@ config.register()  # before Hydra composes: conf/config.yaml starts from the sch
 
 
 def fail(message: str, code: int) -> None:
+    """One line for the user, and exit; with PIPELINE_DEBUG=1, the traceback before it."""
+    if os.environ.get("PIPELINE_DEBUG") == "1" and sys.exc_info()[0] is not None:
+        traceback.print_exc()
     print(f"error: {message}", file=sys.stderr)
     sys.exit(code)
 

@@ -202,6 +202,16 @@ def _validate_tokenizer(cfg: PipelineConfig) -> None:
         _require(os.path.isfile(tk.model), "tokenizer.model", f"{tk.model} is not a file")
     _one_of(cfg, "tokenizer.type", ("bpe", "unigram"))
     _require(tk.vocab_size >= 64, "tokenizer.vocab_size", "must be at least 64")
+    if not tk.model:  # a tokenizer to train: its fixed pieces come first
+        fixed = 3 + len(tk.user_defined_symbols) + (256 if tk.byte_fallback else 0)
+        _require(
+            tk.vocab_size > fixed,
+            "tokenizer.vocab_size",
+            f"{tk.vocab_size} leaves no piece for text: a trained tokenizer holds {fixed} fixed "
+            f"pieces (3 special, {len(tk.user_defined_symbols)} tokenizer.user_defined_symbols"
+            + (", 256 bytes for tokenizer.byte_fallback" if tk.byte_fallback else "")
+            + "); give that plus one per character of the corpus, and more for its words",
+        )
     _require(0 < tk.character_coverage <= 1, "tokenizer.character_coverage", "must be in (0, 1]")
 
 

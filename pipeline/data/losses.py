@@ -4,26 +4,30 @@ corpus (data.max_reject_fraction). Each bad record is in data/rejects/ with its 
 
 from __future__ import annotations
 
+import itertools
 from collections import Counter
 
 from pipeline.config import DataConfig
-from pipeline.core.errors import StageError
+from pipeline.core.errors import ConfigError, StageError
 from pipeline.core.paths import RunPaths
+from pipeline.data import sources
+from pipeline.data.records import Document, Span, read
 
 
 def refuse_losses(data: DataConfig, markers: list[dict], paths: RunPaths) -> None:
     """StageError, in one line naming the file or key, when an input file gave no document but
-    had records, or when the bad records are more than data.max_reject_fraction of all."""
+    had records, or when the bad records are more than data.max_reject_fraction of all (1:
+    any loss accepted)."""
     per_file: dict[str, Counter] = {}
     source_of: dict[str, str] = {}
     for marker in markers:
         for source, path, *_ in marker["spans"]:
             source_of[path] = source
-        for path, read in marker.get("inputs", {}).items():  # older markers: totals only
-            per_file.setdefault(path, Counter()).update(read)
-    for path, read in sorted(per_file.items()):
-        bad = {reason: n for reason, n in read.items() if reason != "documents"}
-        if read["documents"] == 0 and bad:
+        for path, counted in marker.get("inputs", {}).items():  # older markers: totals only
+            per_file.setdefault(path, Counter()).update(counted)
+    for path, counted in sorted(per_file.items()):
+        bad = {reason: n for reason, n in counted.items() if reason != "documents"}
+        if counted["documents"] == 0 and bad and data.max_reject_fraction < 1:
             key = _text_key(data, source_of.get(path))
             raise StageError(_lost_file(path, bad, key, paths))
     rejected = sum(sum(m["rejected"].values()) for m in markers)
@@ -37,6 +41,43 @@ def refuse_losses(data: DataConfig, markers: list[dict], paths: RunPaths) -> Non
             f"is in {paths.data_dir / 'rejects'} with its file:line: fix the inputs, or raise "
             "data.max_reject_fraction to accept the loss"
         )
+
+
+def refuse_unreadable_inputs(data: DataConfig, paths: RunPaths, records: int = 100) -> None:
+    """Before anything is submitted: a ConfigError for an input file whose first `records`
+    records hold no document (the text under another field, not JSON at all), which the
+    tokenize array would otherwise reject whole, hours later. data.max_reject_fraction=1
+    accepts any loss, this one too."""
+    if data.max_reject_fraction >= 1 or not (data.inputs or data.sources):
+        return  # any loss accepted; the built-in corpus
+    text_keys = {s.name: s.text_key for s in sources.of(data)}
+    for name, path in sources.files(paths, data):
+        bad: Counter = Counter()
+        for item in itertools.islice(
+            read(Span(path), text_keys[name], data.max_document_bytes), records
+        ):
+            if isinstance(item, Document):
+                break
+            bad[item.reason] += 1
+        else:
+            if bad:
+                key = _text_key(data, name)
+                raise ConfigError(
+                    _unreadable(path, dict(bad), key) + " (data.max_reject_fraction=1 accepts it)"
+                )
+
+
+def _unreadable(path: str, bad: dict[str, int], key: tuple[str, str]) -> str:
+    count = sum(bad.values())
+    if set(bad) <= {"missing_text", "blank_line"} and "missing_text" in bad:
+        return (
+            f"{key[0]}: the first {count:,} records of {path} have no {key[1]!r} field; set "
+            f"{key[0]} to the field its records hold the text in"
+        )
+    return (
+        f"data.inputs: the first {count:,} records of {path} are all bad "
+        f"({_most(Counter(bad))}); fix the file or leave it out"
+    )
 
 
 def _documents_read(marker: dict) -> int:

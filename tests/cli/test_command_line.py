@@ -4,6 +4,7 @@ anything is written; the plan; one step run by hand."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -135,3 +136,11 @@ def test_every_entry_point_has_its_own_help(entry, tmp_path):
     assert "  model=       gpt-1.3b, gpt-125m," in result.stdout  # the groups, from conf/
     assert "train.steps, train.global_batch_size" in result.stdout
     assert "Examples:\n  python -m " + entry in result.stdout
+
+
+def test_pipeline_debug_shows_the_traceback_behind_the_line(tmp_path):
+    env = {**os.environ, "PIPELINE_DEBUG": "1"}
+    result = cli(f"workdir={tmp_path / 'run'}", "train.lr=0", timeout=120, env=env)
+    assert result.returncode == 2
+    assert result.stderr.startswith("Traceback (most recent call last):")
+    assert result.stderr.endswith("error: train.lr: 0.0 must be a positive number\n")

@@ -62,17 +62,18 @@ def test_files_are_read_by_their_content_whatever_their_names_say(tmp_path):
     assert total["documents"] == 450 and total["rejected"] == {}
 
 
-def test_a_file_without_the_text_field_stops_the_run_naming_the_key(tmp_path):
+def test_a_file_without_the_text_field_is_refused_before_anything_runs(tmp_path):
     (tmp_path / "good.jsonl").write_bytes(documents(200))
     other_key = tmp_path / "body.jsonl"
     other_key.write_bytes(jsonl([{"body": t} for t in texts(80, seed=4)]))
     result = tokenize(tmp_path / "run", [tmp_path / "good.jsonl", other_key])
-    assert result.returncode == 1
+    assert result.returncode == 2
     assert error_line(result) == (
-        f"error: data.text_key: none of the 80 records of {other_key} has a 'text' field; set "
-        "data.text_key to the field its records hold the text in"
+        f"error: data.text_key: the first 80 records of {other_key} have no 'text' field; set "
+        "data.text_key to the field its records hold the text in "
+        "(data.max_reject_fraction=1 accepts it)"
     )
-    assert not (tmp_path / "run" / "data" / "manifest.json").exists()
+    assert result.stderr.count("\n") == 1 and not (tmp_path / "run").exists()
 
 
 def test_more_bad_records_than_max_reject_fraction_stop_the_run_until_accepted(tmp_path):
@@ -98,36 +99,60 @@ def test_data_strict_stops_at_the_first_bad_record_in_one_line(tmp_path):
     assert error_line(result).startswith(f"error: data.strict: {corpus}:51: malformed_json ")
 
 
-@pytest.mark.parametrize(
-    "content,expected",
-    [
-        (b"", "data.inputs: the corpus holds no record (its files are empty)"),
-        (
-            jsonl([{"body": "no text here"}] * 20),
-            "data.text_key: no record of the corpus has 'text' (missing_text 20)",
-        ),
-        (
-            jsonl([{"text": ["a", "list"]}] * 20),
-            "data.text_key: 'text' of the corpus's records is not a string (text_not_string 20)",
-        ),
-        (b"{broken\n" * 20, "data.inputs: the corpus holds no valid document (malformed_json 20)"),
-    ],
-    ids=["empty", "no-text-field", "text-a-list", "all-malformed"],
-)
-def test_a_corpus_without_a_document_is_refused_in_one_line(content, expected, tmp_path):
+CORPORA_WITHOUT_A_DOCUMENT = {
+    "empty": (b"", "data.inputs: the corpus holds no record (its files are empty)"),
+    "no-text-field": (
+        jsonl([{"body": "no text here"}] * 20),
+        "data.text_key: no record of the corpus has 'text' (missing_text 20)",
+    ),
+    "text-a-list": (
+        jsonl([{"text": ["a", "list"]}] * 20),
+        "data.text_key: 'text' of the corpus's records is not a string (text_not_string 20)",
+    ),
+    "all-malformed": (
+        b"{broken\n" * 20,
+        "data.inputs: the corpus holds no valid document (malformed_json 20)",
+    ),
+}
+
+
+@pytest.mark.parametrize("name", list(CORPORA_WITHOUT_A_DOCUMENT))
+def test_a_corpus_without_a_document_is_refused_in_one_line(name, tmp_path):
+    """Refused at launch from its first records (exit 2), or, every loss accepted
+    (data.max_reject_fraction=1), by the tokenizer that has nothing to learn from (exit 1)."""
+    content, tokenizer_says = CORPORA_WITHOUT_A_DOCUMENT[name]
     corpus = tmp_path / "corpus.jsonl"
     corpus.write_bytes(content)
     result = tokenize(tmp_path / "run", [corpus])
-    assert result.returncode == 1
-    assert error_line(result).startswith(f"error: {expected}")
+    if content:
+        assert result.returncode == 2
+        assert error_line(result).startswith("error: data.")
+        assert f"the first 20 records of {corpus}" in error_line(result)
+    accepting = tokenize(tmp_path / "run", [corpus], "data.max_reject_fraction=1")
+    assert accepting.returncode == 1
+    assert error_line(accepting).startswith(f"error: {tokenizer_says}")
+
+
+def with_many_characters() -> bytes:
+    """Documents of 26 letters and 200 CJK characters: a tokenizer needs a piece for each."""
+    rng = random.Random(7)
+    han = [chr(0x4E00 + i) for i in range(200)]
+    return jsonl([{"text": t + " " + "".join(rng.choices(han, k=400))} for t in texts(100)])
 
 
 @pytest.mark.parametrize(
-    "vocab_size,expected",
-    [(256, "is smaller than the "), (30000, "is more pieces than the tokenizer's sample")],
+    "vocab_size,corpus,expected",
+    [
+        (300, with_many_characters, "is smaller than the "),
+        (30000, lambda: documents(100), "is more pieces than the tokenizer's sample"),
+    ],
+    ids=["below-the-characters", "beyond-the-sample"],
 )
-def test_a_vocabulary_the_tokenizer_cannot_build_names_the_key(vocab_size, expected, tmp_path):
-    (tmp_path / "good.jsonl").write_bytes(documents(100))
+def test_a_vocabulary_the_tokenizer_cannot_build_names_the_key(
+    vocab_size, corpus, expected, tmp_path
+):
+    """Past the fixed pieces (checked with the config): what the corpus asks for."""
+    (tmp_path / "good.jsonl").write_bytes(corpus())
     result = tokenize(
         tmp_path / "run", [tmp_path / "good.jsonl"], f"tokenizer.vocab_size={vocab_size}"
     )

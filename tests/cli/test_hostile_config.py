@@ -22,6 +22,7 @@ INVALID = [
     ("data.inputs=[/tmp]", "data.inputs"),  # a folder, not its files
     ("data.merge_into=0", "data.merge_into"),
     ("tokenizer.vocab_size=10", "tokenizer.vocab_size"),
+    ("tokenizer.vocab_size=256", "tokenizer.vocab_size"),  # the 260 fixed pieces
     ("tokenizer.type=wordpiece", "tokenizer.type"),
     ("model.num_query_groups=3", "model.num_query_groups"),
     ("model.position_embedding=alibi", "model.position_embedding"),

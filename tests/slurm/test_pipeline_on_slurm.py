@@ -96,7 +96,9 @@ def test_a_failed_step_cancels_the_steps_after_it(slurm_cluster, tmp_path):
     corpus = tmp_path / "bad.jsonl"
     corpus.write_text('{"text": broken\n' * 50)  # nothing a tokenizer could train on
     workdir = tmp_path / "run"
-    pipeline("cluster=slurm", f"workdir={workdir}", *SMALL, f"data.inputs=[{corpus}]")
+    # every loss accepted, so that the launch submits it and the tokenizer job fails
+    accept = "data.max_reject_fraction=1"
+    pipeline("cluster=slurm", f"workdir={workdir}", *SMALL, f"data.inputs=[{corpus}]", accept)
     states = wait_for(workdir, 300)
     assert states["tokenizer"][0]["state"] == "FAILED"
     for step in ("tokenize", "verify", "index", "train", "evaluate"):

@@ -1,0 +1,50 @@
+"""What verify makes of the tokenize tasks' counts (pipeline.data.losses): a file none of whose
+records became a document, wherever its records were, stops the run naming it; past
+data.max_reject_fraction the run stops; 1 accepts any loss."""
+
+from __future__ import annotations
+
+import pytest
+
+from pipeline.core.errors import StageError
+from pipeline.core.paths import RunPaths
+from pipeline.data.losses import refuse_losses
+from tests.conftest import make_config
+
+
+def marker(inputs: dict[str, dict[str, int]]) -> dict:
+    rejected: dict[str, int] = {}
+    for counts in inputs.values():
+        for reason, n in counts.items():
+            if reason != "documents":
+                rejected[reason] = rejected.get(reason, 0) + n
+    spans = [["corpus", path, 0, None] for path in inputs]
+    return {"spans": spans, "inputs": inputs, "rejected": rejected}
+
+
+def test_a_file_with_records_and_no_document_stops_the_run(tmp_path):
+    cfg = make_config(tmp_path, "data.max_reject_fraction=0.9", validate=False)
+    shards = [
+        marker({"/d/a.jsonl": {"documents": 500}, "/d/b.jsonl": {"missing_text": 120}}),
+        marker({"/d/b.jsonl": {"missing_text": 80}}),  # the same file's second part
+    ]
+    with pytest.raises(StageError) as refused:
+        refuse_losses(cfg.data, shards, RunPaths.of(tmp_path))
+    assert str(refused.value) == (
+        "data.text_key: none of the 200 records of /d/b.jsonl has a 'text' field; set "
+        "data.text_key to the field its records hold the text in"
+    )
+
+
+def test_the_reject_share_is_over_all_records_and_one_accepts_any_loss(tmp_path):
+    shards = [marker({"/d/a.jsonl": {"documents": 97, "malformed_json": 3}})]
+    strict = make_config(tmp_path, validate=False).data
+    with pytest.raises(StageError, match=r"^data.max_reject_fraction: 3 of 100 records \(3.0%\)"):
+        refuse_losses(strict, shards, RunPaths.of(tmp_path))
+    refuse_losses(
+        make_config(tmp_path, "data.max_reject_fraction=0.05").data, shards, RunPaths.of(tmp_path)
+    )
+    lost = [marker({"/d/a.jsonl": {"documents": 10}, "/d/b.jsonl": {"invalid_utf8": 50}})]
+    refuse_losses(
+        make_config(tmp_path, "data.max_reject_fraction=1").data, lost, RunPaths.of(tmp_path)
+    )
