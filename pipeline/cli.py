@@ -78,6 +78,16 @@ def overrides_problem(message: str) -> str:
     converted = re.search(r"Value '(.*)' of type '\w+' could not be converted to (\w+)", message)
     if key and converted:
         return f"{key}: {converted[1]!r} is not a valid {converted[2].lower()}"
+    merging = re.search(r"Error merging override ([^=\s]+)=(.*)", message)
+    if key and merging and "is not a ListConfig, list or tuple" in message:
+        return f"{key}: give a list, in brackets: {key}=[{merging[2]}]"
+    ambiguous = re.search(r"Ambiguous value for argument '([^=']+)=([^']*)'", message)
+    if ambiguous:
+        name, value = ambiguous[1], ambiguous[2]
+        return (
+            f"{name}: {value} reads as a sweep over values; quote it ({name}='{value}'), "
+            f"or give a list in brackets ({name}=[{value}]) where the key takes one"
+        )
     group = re.search(r"Could not find '([^/']+)/([^']+)'", message)
     if group:
         options = re.findall(r"^\t(\S+)$", message, re.M)

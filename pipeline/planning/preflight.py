@@ -120,17 +120,21 @@ def check_epochs(cfg: PipelineConfig) -> None:
 
 
 def _check_host_memory(cfg: PipelineConfig, vocab_size: int) -> None:
-    """A CPU run here whose ranks would need more memory than this machine has."""
-    if trains_on_gpu(cfg) or cfg.cluster.executor == "slurm":
+    """A CPU run whose ranks on a node would need more memory than the node has: this
+    machine when run here, cluster.mem_gb (when given) on Slurm."""
+    c = cfg.cluster
+    if trains_on_gpu(cfg) or (c.executor == "slurm" and not c.mem_gb):
         return
-    ranks = world_size(cfg.cluster)
+    ranks = world_size(c) // c.nodes
     need = ranks * memory_per_gpu(cfg.model, vocab_size, ParallelLayout.of(cfg))["total"]
-    have = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    if c.executor == "slurm":
+        have, where = c.mem_gb * 10**9, f"cluster.mem_gb={c.mem_gb} of a node"
+    else:
+        have, where = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"), "this machine"
     if need > have:
         raise ConfigError(
             f"model: {ranks} CPU rank(s) of this model need ~{gib(need)}, more than the "
-            f"{gib(have)} of this machine; choose a smaller model (model=tiny) or run on a "
-            "cluster"
+            f"{gib(have)} of {where}; choose a smaller model (model=tiny), or more memory"
         )
 
 

@@ -46,8 +46,18 @@ def test_a_cpu_model_larger_than_this_machine_is_refused_with_its_size(tmp_path)
     result = cli(f"workdir={tmp_path / 'run'}", *big, timeout=120)
     assert result.returncode == 2
     assert result.stderr.startswith("error: model: 1 CPU rank(s) of this model need ~")
-    assert "more than the " in result.stderr and result.stderr.count("\n") == 1
-    assert not (tmp_path / "run").exists()
+    assert "of this machine; choose a smaller" in result.stderr
+    assert result.stderr.count("\n") == 1 and not (tmp_path / "run").exists()
+    on_slurm = cli(
+        f"workdir={tmp_path / 'run'}",
+        "cluster=slurm",
+        "cluster.mem_gb=4",
+        "dry_run=true",
+        *big,
+        timeout=120,
+    )
+    assert on_slurm.returncode == 2
+    assert "of cluster.mem_gb=4 of a node; choose a smaller" in on_slurm.stderr
 
 
 def test_cli_reads_the_vocabulary_from_the_manifest_and_searches(tmp_path):

@@ -61,6 +61,8 @@ INVALID = [
     ("train.steps=many", "train.steps"),
     ("train.async_save=maybe", "train.async_save"),
     ("model=gpt-13b", "model"),
+    ("data.inputs=/data/a.jsonl", "data.inputs"),  # not a list
+    ("data.split=1,0,0", "data.split"),  # a sweep, to Hydra
     ("data.max_reject_fraction=1.5", "data.max_reject_fraction"),
     # bounds that would fail hours later
     ("train.steps=100000000", "train.steps"),
