@@ -29,7 +29,10 @@ def refuse_losses(data: DataConfig, markers: list[dict], paths: RunPaths) -> Non
         bad = {reason: n for reason, n in counted.items() if reason != "documents"}
         if counted["documents"] == 0 and bad and data.max_reject_fraction < 1:
             key = _text_key(data, source_of.get(path))
-            raise StageError(_lost_file(path, bad, key, paths))
+            rejects = paths.data_dir / "rejects"
+            raise StageError(
+                f"{_no_document(path, bad, key, 'all')} (each with its line in {rejects})"
+            )
     rejected = sum(sum(m["rejected"].values()) for m in markers)
     read_in_all = rejected + sum(_documents_read(m) for m in markers)
     share = rejected / read_in_all if read_in_all else 0.0
@@ -62,22 +65,8 @@ def refuse_unreadable_inputs(data: DataConfig, paths: RunPaths, records: int = 1
         else:
             if bad:
                 key = _text_key(data, name)
-                raise ConfigError(
-                    _unreadable(path, dict(bad), key) + " (data.max_reject_fraction=1 accepts it)"
-                )
-
-
-def _unreadable(path: str, bad: dict[str, int], key: tuple[str, str]) -> str:
-    count = sum(bad.values())
-    if set(bad) <= {"missing_text", "blank_line"} and "missing_text" in bad:
-        return (
-            f"{key[0]}: the first {count:,} records of {path} have no {key[1]!r} field; set "
-            f"{key[0]} to the field its records hold the text in"
-        )
-    return (
-        f"data.inputs: the first {count:,} records of {path} are all bad "
-        f"({_most(Counter(bad))}); fix the file or leave it out"
-    )
+                why = _no_document(path, dict(bad), key, "the first")
+                raise ConfigError(f"{why} (data.max_reject_fraction=1 accepts it)")
 
 
 def _documents_read(marker: dict) -> int:
@@ -94,17 +83,18 @@ def _text_key(data: DataConfig, source: str | None) -> tuple[str, str]:
     return "data.text_key", data.text_key
 
 
-def _lost_file(path: str, bad: dict[str, int], key: tuple[str, str], paths: RunPaths) -> str:
+def _no_document(path: str, bad: dict[str, int], key: tuple[str, str], which: str) -> str:
+    """Why `which` records of a file ("all 80", "the first 100") gave no document, naming
+    the key that picks the text's field when that is the cause."""
     count = sum(bad.values())
     if set(bad) <= {"missing_text", "blank_line"} and "missing_text" in bad:
         return (
-            f"{key[0]}: none of the {count:,} records of {path} has a {key[1]!r} field; set "
+            f"{key[0]}: {which} {count:,} records of {path} have no {key[1]!r} field; set "
             f"{key[0]} to the field its records hold the text in"
         )
     return (
-        f"{path}: all {count:,} records were rejected ({_most(Counter(bad))}), none read as a "
-        f"document; each is in {paths.data_dir / 'rejects'} with its line: fix the file or leave "
-        "it out of the inputs"
+        f"data.inputs: {which} {count:,} records of {path} are bad ({_most(Counter(bad))}), "
+        "none a document; fix the file or leave it out"
     )
 
 

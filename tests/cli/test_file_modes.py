@@ -6,22 +6,14 @@ from __future__ import annotations
 
 import os
 import stat
-import subprocess
-import sys
 
-from tests.conftest import ROOT, SMALL_SERIAL
+from tests.conftest import SMALL_SERIAL, cli
 
 
 def test_a_whole_run_written_under_umask_027_is_group_readable(tmp_path):
     workdir = tmp_path / "run"
-    result = subprocess.run(
-        [sys.executable, "-m", "pipeline", "cluster=local", f"workdir={workdir}", *SMALL_SERIAL],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        preexec_fn=lambda: os.umask(0o027),
-    )
+    umask_027 = lambda: os.umask(0o027)  # noqa: E731
+    result = cli(f"workdir={workdir}", *SMALL_SERIAL, preexec_fn=umask_027)
     assert result.returncode == 0, result.stderr[-3000:]
     wrong = {}
     for path in [workdir, *workdir.rglob("*")]:

@@ -31,8 +31,9 @@ def test_a_file_with_records_and_no_document_stops_the_run(tmp_path):
     with pytest.raises(StageError) as refused:
         refuse_losses(cfg.data, shards, RunPaths.of(tmp_path))
     assert str(refused.value) == (
-        "data.text_key: none of the 200 records of /d/b.jsonl has a 'text' field; set "
-        "data.text_key to the field its records hold the text in"
+        "data.text_key: all 200 records of /d/b.jsonl have no 'text' field; set "
+        "data.text_key to the field its records hold the text in (each with its line in "
+        f"{tmp_path / 'data' / 'rejects'})"
     )
 
 
