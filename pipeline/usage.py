@@ -44,10 +44,22 @@ USAGE = {
             "python -m pipeline.status workdir=runs/a train.steps=8000",
         ],
     ),
+    "pipeline.export": (
+        "python -m pipeline.export workdir=DIR [eval.checkpoint=best|latest|PATH] [out=DIR]\n"
+        "                          [export.dtype=bf16|fp32|fp16]",
+        "A run's checkpoint (the best, by default) as a Hugging Face model folder with its\n"
+        "tokenizer, on this machine's CPU: LlamaForCausalLM or GPT2LMHeadModel, safetensors\n"
+        "shards, tokenizer.json giving the pipeline's token ids. Written to WORKDIR/export\n"
+        "unless out=DIR; stages=[tokenize,train,evaluate,export] does it as the run's last job.",
+        [
+            "python -m pipeline.export workdir=runs/gpt-1.3b",
+            "python -m pipeline.export workdir=runs/a eval.checkpoint=latest out=/models/a",
+        ],
+    ),
     "pipeline.step": (
         "python -m pipeline.step STEP [KEY=VALUE ...]",
         "One step of a run by hand (what a Slurm job runs): tokenizer, tokenize, verify, index,\n"
-        "train, evaluate; a complete step is a no-op.",
+        "train, evaluate, export; a complete step is a no-op.",
         ["python -m pipeline.step verify workdir=runs/a"],
     ),
 }
@@ -65,6 +77,8 @@ COMMON_KEYS = """\
   train.save_interval, train.eval_interval, train.async_save, train.recompute
   cluster.nodes, cluster.gpus_per_node, cluster.partition, cluster.time_limit, cluster.account
   eval.checkpoint=best|latest|PATH
+  model.init_from=HF_DIR       start from a Hugging Face Llama's weights (and its tokenizer)
+  export.out=DIR, export.dtype=bf16|fp32   the export stage's Hugging Face folder
 """
 
 

@@ -5,6 +5,7 @@ is given is left as it was."""
 from __future__ import annotations
 
 import dataclasses
+import os
 from dataclasses import dataclass
 
 from pipeline.config.schema import ClusterConfig, PipelineConfig
@@ -108,4 +109,8 @@ def resolve(cfg: PipelineConfig) -> PipelineConfig:
     run uses them (see `batch`)."""
     b = batch(cfg)
     train = dataclasses.replace(cfg.train, micro_batch_size=b.micro, grad_accum=b.grad_accum)
-    return dataclasses.replace(cfg, train=train)
+    tokenizer = cfg.tokenizer
+    if cfg.model.init_from and not tokenizer.model:  # the Llama's own tokenizer
+        model = os.path.join(cfg.model.init_from, "tokenizer.model")
+        tokenizer = dataclasses.replace(tokenizer, model=model)
+    return dataclasses.replace(cfg, train=train, tokenizer=tokenizer)

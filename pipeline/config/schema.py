@@ -13,7 +13,8 @@ from typing import Any
 
 from omegaconf import MISSING
 
-STAGES = ("tokenize", "train", "evaluate")
+STAGES = ("tokenize", "train", "evaluate", "export")
+DEFAULT_STAGES = STAGES[:3]  # export: added to stages when wanted
 
 
 @dataclass
@@ -91,6 +92,9 @@ class ModelConfig:
     hidden_dropout: float = 0.0
     attention_dropout: float = 0.0
     make_vocab_size_divisible_by: int = 128
+    # A local Hugging Face Llama folder (config.json, safetensors): the run starts from its
+    # weights and, unless tokenizer.model is given, its tokenizer.model (continued pretraining)
+    init_from: str | None = None
 
 
 @dataclass
@@ -182,6 +186,16 @@ class EvalConfig:
 
 
 @dataclass
+class ExportConfig:
+    """The export stage and `python -m pipeline.export`: the checkpoint eval.checkpoint names, as
+    a Hugging Face model folder with its tokenizer."""
+
+    out: str | None = None  # None: WORKDIR/export
+    dtype: str = "bf16"  # bf16 | fp32 | fp16: the weights' dtype in the folder
+    shard_gb: float = 5.0  # the most weight bytes in one safetensors file
+
+
+@dataclass
 class ClusterConfig:
     name: str = "local"
     executor: str = "inprocess"  # local: inprocess | subprocess; slurm: slurm
@@ -215,7 +229,7 @@ class ClusterConfig:
 @dataclass
 class PipelineConfig:
     workdir: str = MISSING
-    stages: list[str] = field(default_factory=lambda: list(STAGES))
+    stages: list[str] = field(default_factory=lambda: list(DEFAULT_STAGES))
     dry_run: bool = False
     # redo this step and every step after it, though its outputs exist (made with other
     # settings, say); what they held is moved to replaced/ in the run folder
@@ -226,4 +240,5 @@ class PipelineConfig:
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
+    export: ExportConfig = field(default_factory=ExportConfig)
     cluster: ClusterConfig = field(default_factory=ClusterConfig)

@@ -55,6 +55,7 @@ def validate(cfg: PipelineConfig) -> None:
     _validate_train(cfg)
     _validate_cluster(cfg)
     _validate_eval(cfg)
+    _validate_export(cfg)
 
 
 def _validate_train(cfg: PipelineConfig) -> None:
@@ -124,6 +125,11 @@ def _validate_eval(cfg: PipelineConfig) -> None:
         _require(bool(matches), key, f"{pattern!r} matches no file")
         for path in matches:
             _require(os.access(path, os.R_OK), key, f"{path} is not readable")
+
+
+def _validate_export(cfg: PipelineConfig) -> None:
+    _one_of(cfg, "export.dtype", ("bf16", "fp32", "fp16"))
+    _require(cfg.export.shard_gb > 0, "export.shard_gb", "must be > 0")
 
 
 def _readable_files(pattern: str, key: str) -> list[str]:
@@ -238,6 +244,15 @@ def _validate_model(cfg: PipelineConfig) -> None:
         "model.make_vocab_size_divisible_by",
         "must be at least 1 (the vocabulary is padded to a multiple of it x parallel.tensor)",
     )
+    if m.init_from:
+        _require(os.path.isdir(m.init_from), "model.init_from", f"{m.init_from} is not a folder")
+        sp_model = os.path.join(m.init_from, "tokenizer.model")
+        _require(
+            bool(cfg.tokenizer.model) or os.path.isfile(sp_model),
+            "model.init_from",
+            f"{m.init_from} has no tokenizer.model (a sentencepiece model, which the pipeline "
+            "tokenizes with); give the one its weights were trained with as tokenizer.model=FILE",
+        )
     limit = m.max_position_embeddings or m.seq_length
     _require(
         m.seq_length <= limit,

@@ -181,6 +181,11 @@ class RunPaths:
     def eval_done(self) -> Path:
         return self.eval_dir / "DONE.json"
 
+    # export stage: a Hugging Face model folder (export.out elsewhere), export.json written last
+    @property
+    def export_dir(self) -> Path:
+        return self.root / "export"
+
     @property
     def report(self) -> Path:
         return self.root / "report.md"

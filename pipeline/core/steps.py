@@ -13,6 +13,10 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pipeline.core import files
 
 
 class Placement(enum.Enum):
@@ -38,3 +42,26 @@ class Change(enum.Enum):
     CONTINUE = "continue"  # carry on from it (more training steps, say)
     REDO = "redo"  # make it again, nothing lost (a cache, an evaluation)
     REFUSE = "refuse"  # it would be lost or mislabelled: refuse, unless force=STEP
+
+
+class RedoneWhenChanged:
+    """A step whose output is made again, nothing lost, whenever what it would be made from
+    differs from what its marker records (an evaluation, an export). A subclass names its
+    marker, the JSON file it writes last with a "made_from" entry, and defines made_from.
+    `cfg` is the run's PipelineConfig (core sits below the config package)."""
+
+    def marker(self, cfg: Any) -> Path:
+        raise NotImplementedError
+
+    def made_from(self, cfg: Any) -> dict:
+        raise NotImplementedError
+
+    def recorded(self, cfg: Any) -> dict | None:
+        done = files.read_json_or_none(self.marker(cfg))
+        return None if done is None else done.get("made_from", {})
+
+    def change(self, recorded: dict, now: dict) -> Change:
+        return Change.REDO
+
+    def is_complete(self, cfg: Any) -> bool:
+        return self.recorded(cfg) == self.made_from(cfg)

@@ -29,18 +29,6 @@ from pipeline.training import checkpoint
 from pipeline.training.engine import Engine
 
 
-def resolve_checkpoint(cfg: PipelineConfig) -> Path:
-    root = RunPaths.of(cfg.workdir).checkpoints
-    choice = str(cfg.eval.checkpoint)
-    if choice in ("best", "latest"):  # each returns a verified checkpoint, or None
-        folder = {"best": checkpoint.best, "latest": checkpoint.latest}[choice](root)
-    else:
-        folder = Path(choice) if checkpoint.is_valid(Path(choice)) else None
-    if folder is None:
-        raise FileNotFoundError(f"eval.checkpoint={choice}: no valid checkpoint under {root}")
-    return folder.resolve()
-
-
 def single_device(cfg: PipelineConfig) -> PipelineConfig:
     """The run's config for the evaluation job: one process on one GPU, or on the CPU, whatever
     layout trained the checkpoint (dist_checkpoint reshards the weights as they load)."""
@@ -166,7 +154,7 @@ def evaluate(cfg: PipelineConfig, made_from: dict) -> EvaluationRecord:
     manifest = load_manifest(paths)
     check_sources(cfg, manifest)
     check_splits(manifest, cfg.model.seq_length, ("test",))
-    folder = resolve_checkpoint(cfg)
+    folder = checkpoint.verified(paths.checkpoints, str(cfg.eval.checkpoint))
     # the vocabulary as padded for the checkpoint's tensor-parallel size (older saves: ours)
     written = files.read_json(folder / "state.json").get("layout", {})
     engine = Engine(single_device(cfg), written.get("padded_vocab_size", manifest["vocab_size"]))

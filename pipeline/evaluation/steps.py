@@ -12,7 +12,7 @@ from pipeline.config import PipelineConfig
 from pipeline.core import files, provenance
 from pipeline.core.paths import RunPaths
 from pipeline.core.provenance import MadeFrom
-from pipeline.core.steps import Change, Placement
+from pipeline.core.steps import Placement, RedoneWhenChanged
 from pipeline.data.steps import VERIFY
 from pipeline.training import checkpoint_records
 from pipeline.training.steps import TRAIN
@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from pipeline.evaluation.evaluate import EvaluationRecord
 
 
-class EvaluateStep:
+class EvaluateStep(RedoneWhenChanged):
     name = "evaluate"
     placement = Placement.ONE_DEVICE
 
@@ -34,15 +34,8 @@ class EvaluateStep:
             checkpoint=chosen or "(none)",
         )
 
-    def recorded(self, cfg: PipelineConfig) -> MadeFrom | None:
-        done = files.read_json_or_none(RunPaths.of(cfg.workdir).eval_done)
-        return None if done is None else done.get("made_from", {})
-
-    def change(self, recorded: MadeFrom, now: MadeFrom) -> Change:
-        return Change.REDO
-
-    def is_complete(self, cfg: PipelineConfig) -> bool:
-        return self.recorded(cfg) == self.made_from(cfg)
+    def marker(self, cfg: PipelineConfig) -> Path:
+        return RunPaths.of(cfg.workdir).eval_done
 
     def outputs(self, cfg: PipelineConfig) -> list[Path]:
         paths = RunPaths.of(cfg.workdir)

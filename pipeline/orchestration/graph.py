@@ -3,6 +3,7 @@
     tokenize = tokenizer -> tokenize (an array, one task per shard) -> verify
     train    = index (the dataset index cache, on a CPU) -> train
     evaluate = evaluate
+    export   = export (a Hugging Face model folder; not among the default stages)
 
 Each step owns its completion check (pipeline.*/steps.py); the graph only orders them. A step
 that is already complete is left out of the run, so a rerun resumes at the first incomplete
@@ -19,6 +20,7 @@ from pipeline.core.provenance import MadeFrom
 from pipeline.core.steps import Change, Placement
 from pipeline.data.steps import INDEX, TOKENIZE, TOKENIZER, VERIFY
 from pipeline.evaluation.steps import EVALUATE
+from pipeline.exporting.steps import EXPORT
 from pipeline.training.steps import TRAIN
 
 
@@ -74,6 +76,7 @@ STEPS_OF_STAGE: dict[str, list[Step]] = {
     "tokenize": [TOKENIZER, TOKENIZE, VERIFY],
     "train": [INDEX, TRAIN],
     "evaluate": [EVALUATE],
+    "export": [EXPORT],
 }
 
 
@@ -99,5 +102,5 @@ def stage_of(name: str) -> str:
 
 
 def step_named(name: str) -> Step:
-    """Any step by its name (tokenizer, tokenize, verify, index, train, evaluate)."""
+    """Any step by its name (tokenizer, tokenize, verify, index, train, evaluate, export)."""
     return {step.name: step for step in ALL_STEPS}[name]

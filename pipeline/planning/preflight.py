@@ -6,14 +6,19 @@ from __future__ import annotations
 import math
 import os
 import shutil
+from pathlib import Path
 
-from pipeline.config import PipelineConfig
+from pipeline.config import PipelineConfig, TokenizerConfig
 from pipeline.config.derived import slurm_minutes, trains_on_gpu, world_size
 from pipeline.core.errors import ConfigError
 from pipeline.core.paths import RunPaths
 from pipeline.data import losses, mixture, shards
 from pipeline.data.datasets import check_data, load_manifest
+from pipeline.data.tokenizer import load as load_tokenizer
 from pipeline.model.backends import names as backend_names
+from pipeline.model.huggingface import architectures
+from pipeline.model.huggingface import files as hf_files
+from pipeline.model.huggingface import tokenizer as hf_tokenizer
 from pipeline.model.parameters import parameter_count
 from pipeline.model.sizes import padded_vocab
 from pipeline.planning.memory import memory_per_gpu
@@ -44,10 +49,56 @@ def check_stage_inputs(cfg: PipelineConfig) -> None:
     redone = forced in ("tokenizer", "tokenize", "verify")
     if data.manifest.exists() and not redone and {"train", "evaluate"} & set(cfg.stages):
         check_data(cfg, load_manifest(data))
-    evaluate_alone = "evaluate" in cfg.stages and "train" not in cfg.stages
+    reads_checkpoint = {"evaluate", "export"} & set(cfg.stages) and "train" not in cfg.stages
     named = str(cfg.eval.checkpoint) in ("best", "latest")
-    if evaluate_alone and named and not paths.checkpoints.exists():
+    if reads_checkpoint and named and not paths.checkpoints.exists():
         raise ConfigError(f"stages: no checkpoints in {paths.checkpoints}; add train to stages")
+    if "export" in cfg.stages:
+        check_export(cfg)
+
+
+def check_export(cfg: PipelineConfig) -> None:
+    """The model has a transformers equivalent, and the export would not overwrite a folder
+    that is not an export."""
+    architectures.architecture(cfg.model)
+    hf_files.refuse_foreign(Path(cfg.export.out or RunPaths.of(cfg.workdir).export_dir))
+    trained = RunPaths.of(cfg.data.prepared or cfg.workdir).tokenizer_model
+    existing = cfg.tokenizer.model or (trained if trained.exists() else None)
+    why = hf_tokenizer.unsupported(Path(existing)) if existing else _unexportable(cfg.tokenizer)
+    if why:
+        raise ConfigError(f"stages: export needs a tokenizer transformers reproduces; {why}")
+
+
+def _unexportable(tk: TokenizerConfig) -> str | None:
+    """What in the settings of a tokenizer still to be trained rules out an exact export."""
+    for key, value, needed in (
+        ("type", tk.type, "bpe"),
+        ("lossless", tk.lossless, True),
+        ("byte_fallback", tk.byte_fallback, True),
+    ):
+        if value != needed:
+            return f"tokenizer.{key}={value} cannot be, tokenizer.{key}={needed} can"
+    return None
+
+
+def check_init_from(cfg: PipelineConfig, vocab_size: int) -> None:
+    """model.init_from is a Llama of this run's model shape, with an embedding row for every
+    piece of the tokenizer and no more than the padded vocabulary holds."""
+    folder = Path(cfg.model.init_from)
+    hf = hf_files.read_config(folder)
+    differs = architectures.mismatch(cfg.model, hf)
+    if differs:
+        raise ConfigError(f"model.init_from={folder}: {differs}")
+    if not RunPaths.of(cfg.workdir).manifest.exists():  # not tokenized yet: its own count
+        vocab_size = load_tokenizer(cfg.tokenizer.model).vocab_size()
+    rows = (hf_files.shape(folder, "model.embed_tokens.weight") or [0])[0]
+    padded = padded_vocab(vocab_size, cfg.model, cfg.parallel.tensor)
+    if not vocab_size <= rows <= padded:
+        raise ConfigError(
+            f"model.init_from={folder}: its embedding has {rows} rows, the tokenizer "
+            f"({cfg.tokenizer.model}) {vocab_size} pieces, padded to {padded} here; they must "
+            "be of that tokenizer"
+        )
 
 
 def gpu_memory_gb(cfg: PipelineConfig) -> float | None:
@@ -205,6 +256,8 @@ def check_training(cfg: PipelineConfig, vocab_size: int) -> None:
     _check_host_memory(cfg, vocab_size)
     _check_time_limit(cfg, vocab_size)
     _check_resume_layout(cfg, vocab_size)
+    if cfg.model.init_from:
+        check_init_from(cfg, vocab_size)
 
 
 def _check_resume_layout(cfg: PipelineConfig, vocab_size: int) -> None:

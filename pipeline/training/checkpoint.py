@@ -324,6 +324,18 @@ def best(root: Path, checksums: bool = True) -> Path | None:
     return latest(root, checksums)
 
 
+def verified(root: Path, choice: str) -> Path:
+    """The valid checkpoint that eval.checkpoint=`choice` names (best, latest or a folder), or
+    FileNotFoundError saying there is none."""
+    if choice in ("best", "latest"):  # each returns a verified checkpoint, or None
+        folder = {"best": best, "latest": latest}[choice](root)
+    else:
+        folder = Path(choice) if is_valid(Path(choice)) else None
+    if folder is None:
+        raise FileNotFoundError(f"eval.checkpoint={choice}: no valid checkpoint under {root}")
+    return folder.resolve()
+
+
 def load(folder: Path, backend, chunks, optimizer) -> dict:
     """Collective: load weights (and optimizer) into place; returns state.json."""
     backend.load(folder, chunks, optimizer)

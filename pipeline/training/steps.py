@@ -19,6 +19,7 @@ from pipeline.core.provenance import MadeFrom
 from pipeline.core.steps import Change, Interrupted, Placement
 from pipeline.data import sources
 from pipeline.data.steps import VERIFY
+from pipeline.model.huggingface.files import identity
 from pipeline.training import checkpoint_records, signals
 
 if TYPE_CHECKING:
@@ -68,6 +69,8 @@ class TrainStep:
             "train.validation_samples": validation_samples(cfg),
             "data.sources weights": sources.weights(cfg.data),  # what training samples from
         }
+        if cfg.model.init_from:  # the weights it starts from, not only their folder's name
+            settings["model.init_from weights"] = identity(Path(cfg.model.init_from))
         return provenance.made_from(settings, verify=provenance.fingerprint(VERIFY.made_from(cfg)))
 
     def recorded(self, cfg: PipelineConfig) -> MadeFrom | None:

@@ -9,6 +9,7 @@ import signal
 import sys
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TypedDict
 
 import torch
@@ -135,6 +136,8 @@ class Trainer(Engine):
         started = time.perf_counter()
         folder = checkpoint.latest(self.paths.checkpoints, collective=True)
         if folder is None:
+            if self.cfg.model.init_from:
+                self._start_from_hf(Path(self.cfg.model.init_from))
             return
         verified = time.perf_counter()
         self._check_resumable_layout(folder)
@@ -154,6 +157,25 @@ class Trainer(Engine):
                 "resume_verify_s": verified - started,
             }
         )
+
+    def _start_from_hf(self, init_from: Path) -> None:
+        """model.init_from: the first rank converts the Llama's weights (once), then every
+        rank loads its part of them, as from a checkpoint."""
+        from pipeline.model import dist_checkpoint
+        from pipeline.model.huggingface.initial import convert
+
+        started = time.perf_counter()
+        target = self.paths.train_dir / "init"
+        if self.rank.is_first:
+            padded = self.parallel_layout()["padded_vocab_size"]
+            convert(init_from, self.cfg.model, padded, target)
+        if torch.distributed.is_initialized():
+            torch.distributed.barrier()
+        dist_checkpoint.load_weights(target, self.chunks)
+        self.optimizer.reload_model_params()  # the optimizer's own copy of the weights
+        took = time.perf_counter() - started
+        self._log(f"started from the weights of {init_from} (in {took:.1f} s)")
+        self.metrics.record({"step": 0, "initialized_from": str(init_from), "init_load_s": took})
 
     def _check_resumable_layout(self, folder) -> None:
         """Refused before submission too (planning.preflight); here for a step called directly."""

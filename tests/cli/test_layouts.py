@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -14,7 +16,7 @@ from pipeline.core import files
 from pipeline.core.paths import RunPaths
 from pipeline.data import datasets, evalsets
 from pipeline.training import checkpoint
-from tests.conftest import SMALL_SERIAL, cli, copy_tokenized, make_config
+from tests.conftest import ROOT, SMALL_SERIAL, cli, copy_tokenized, make_config
 
 TWO_RANKS = ["cluster.executor=subprocess", "cluster.tasks_per_node=2", "stages=[train]"]
 LAYOUTS = {
@@ -162,3 +164,35 @@ def test_a_layout_that_pads_the_vocabulary_otherwise_is_refused_before_anything_
         "another embedding shape; choose a tensor-parallel size that pads it the same\n"
     )
     assert sorted(p.relative_to(workdir) for p in workdir.rglob("*")) == before
+
+
+def _export(workdir: Path, out: Path) -> dict:
+    """`python -m pipeline.export` of the run, in fp32; its tensors by name."""
+    from safetensors.torch import load_file
+
+    result = subprocess.run(
+        [sys.executable, "-m", "pipeline.export", f"workdir={workdir}", f"out={out}"]
+        + ["export.dtype=fp32", "eval.checkpoint=latest"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    tensors = {}
+    for shard in sorted(out.glob("*.safetensors")):
+        tensors.update(load_file(shard))
+    return tensors
+
+
+@pytest.mark.parametrize("name", REFERENCE)
+def test_a_checkpoint_of_two_ranks_exports_to_the_model_one_process_trains(runs, name, tmp_path):
+    """The export reads a checkpoint whole, whatever layout wrote it: two tensor-parallel
+    ranks, or two pipeline stages of two virtual stages each, give the model of the same
+    training in one process (as close as their loss curves: summed in another order)."""
+    split = _export(runs[name], tmp_path / name)
+    single = _export(runs[REFERENCE[name]], tmp_path / "single")
+    assert split.keys() == single.keys() and split
+    for key, tensor in single.items():
+        assert split[key].shape == tensor.shape, key
+        assert (split[key] - tensor).abs().max() <= 1e-3, key

@@ -22,10 +22,11 @@ BELOW = {
     "training": {"core", "config", "runtime", "data", "model", "reporting"},
     "evaluation": {"core", "config", "runtime", "data", "model", "training", "reporting"},
     "planning": {"core", "config", "runtime", "data", "model", "training", "reporting"},
+    "exporting": {"core", "config", "runtime", "data", "model", "training"},
 }
 BELOW["orchestration"] = set(BELOW) | {"planning"}
 # the package's face and the command lines
-ENTRY_POINTS = {"pipeline", "__main__", "cli", "step", "status", "plan", "usage"}
+ENTRY_POINTS = {"pipeline", "__main__", "cli", "step", "status", "plan", "export", "usage"}
 
 
 def module_name(path: Path) -> str:

@@ -139,6 +139,9 @@ class DataParallelAdamW:
         for p in self.params:
             p.grad = None
 
+    def reload_model_params(self) -> None:
+        """Nothing to do: AdamW updates the model's own fp32 parameters."""
+
     def step(self) -> tuple[bool, float]:
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params]
         if self.dp_size > 1:

@@ -257,6 +257,10 @@ class _StepAdapter:
     def zero_grad(self) -> None:
         self.inner.zero_grad()
 
+    def reload_model_params(self) -> None:
+        """Copy weights loaded into the model into the optimizer's fp32 main copy."""
+        self.inner.reload_model_params()
+
     def step(self) -> tuple[bool, float]:
         device = next(self.chunks[0].parameters()).device
         if not self.fp16 and distributed.any_rank(not _grads_finite(self.chunks), device):

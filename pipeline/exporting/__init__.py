@@ -1,0 +1,1 @@
+"""The export stage: a trained checkpoint as a Hugging Face model folder with its tokenizer."""
