@@ -244,3 +244,56 @@ def test_a_tensor_parallel_cpu_checkpoint_evaluates_on_the_gpu(data_dir, tmp_pat
     on_gpu = _evaluate(run, "train.steps=10", "eval.max_batches=8")
     assert on_gpu["gpus"] == 1 and on_gpu["checkpoint_layout"]["tensor"] == 2
     assert abs(on_cpu["test_loss"] - on_gpu["test_loss"]) <= 0.02 * on_cpu["test_loss"]
+
+
+def test_a_llama_continued_on_the_gpu_starts_from_its_weights(data_dir, tmp_path):
+    """model.init_from on the Transformer Engine path: the weights load into the bf16 model
+    and into the distributed optimizer's fp32 main copy (else its first step would write the
+    random initial weights back). At a learning rate of 1e-9 the export after one step holds
+    the Llama's weights, to bf16 rounding."""
+    transformers = pytest.importorskip("transformers")
+    import sentencepiece as spm
+    from safetensors.torch import load_file
+
+    llama = tmp_path / "llama"
+    sp_model = data_dir / "tokenizer" / "tokenizer.model"
+    config = transformers.LlamaConfig(
+        vocab_size=spm.SentencePieceProcessor(model_file=str(sp_model)).vocab_size(),
+        hidden_size=256,
+        intermediate_size=768,
+        num_hidden_layers=4,
+        num_attention_heads=8,
+        num_key_value_heads=4,
+        max_position_embeddings=256,
+        rms_norm_eps=1e-5,
+        tie_word_embeddings=False,
+    )
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(config)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.uniform_(0.5, 1.5)
+    model.save_pretrained(llama)
+    shutil.copyfile(sp_model, llama / "tokenizer.model")
+    original = {n: p.detach().float() for n, p in model.state_dict().items()}
+
+    workdir = with_data(data_dir, tmp_path / "run")
+    pipeline(
+        workdir,
+        f"model.init_from={llama}",
+        "stages=[train,evaluate,export]",
+        "train.steps=2",
+        "train.warmup_steps=0",
+        "train.lr=1e-9",
+        "train.min_lr=0",
+        "train.save_interval=2",
+        "train.eval_interval=2",
+        "export.dtype=fp32",
+    )
+    exported = {}
+    for shard in sorted((workdir / "export").glob("*.safetensors")):
+        exported.update(load_file(shard))
+    assert exported.keys() == original.keys()
+    for name, tensor in original.items():
+        torch.testing.assert_close(exported[name], tensor, rtol=1e-2, atol=1e-5, msg=name)
