@@ -56,6 +56,15 @@ class CheckpointSaver:
         self.staging = HostStaging()
         self.in_flight: _InFlight | None = None
 
+    def reserve(self, nbytes: int) -> None:
+        """Pin host memory for the saves' copies now, in the background (GPU runs)."""
+        if self.queue is not None and not self.on_cpu:
+            self.staging.reserve(nbytes)
+
+    def close(self) -> None:
+        """Give the host memory back (after the last save is complete)."""
+        self.staging.close()
+
     def _cuda_calls(self) -> contextlib.AbstractContextManager:
         # megatron-core's scheduling waits for CUDA copies and reduces a flag on the CUDA device
         return cuda_calls_on_cpu() if self.on_cpu else contextlib.nullcontext()

@@ -177,6 +177,17 @@ class Trainer(Engine):
         self._log(f"started from the weights of {init_from} (in {took:.1f} s)")
         self.metrics.record({"step": 0, "initialized_from": str(init_from), "init_load_s": took})
 
+    def _staged_bytes(self) -> int:
+        """What this rank's share of a save copies to host memory: its weights, and in mixed
+        precision the optimizer's fp32 main weights and two moments (12 bytes a weight; 8 in
+        fp32), each written by one of the data-parallel ranks that hold it. A little more, so
+        that no tensor falls outside."""
+        weights = [p for chunk in self.chunks for p in chunk.parameters()]
+        numel = sum(p.numel() for p in weights)
+        weight_bytes = sum(p.numel() * p.element_size() for p in weights)
+        optimizer_bytes = numel * (8 if self.cfg.train.precision == "fp32" else 12)
+        return int((weight_bytes + optimizer_bytes) / self.dp_size * 1.02) + (64 << 20)
+
     def _check_resumable_layout(self, folder) -> None:
         """Refused before submission too (planning.preflight); here for a step called directly."""
         saved = files.read_json(folder / "state.json")
@@ -256,6 +267,8 @@ class Trainer(Engine):
         cfg, t = self.cfg, self.cfg.train
         self.paths.train_dir.mkdir(parents=True, exist_ok=True)
         self.resume()
+        if t.async_save and t.save_interval > 0:
+            self.saver.reserve(self._staged_bytes())
         self._record_placement()
         self.metrics.keep_until(self.state.step)
         train_ds = datasets.train_dataset(cfg, self.manifest)
@@ -313,6 +326,7 @@ class Trainer(Engine):
                 self.save()
             if stopping:
                 self._saved(self.saver.wait())
+                self.saver.close()
                 requeue = stop.continues(self.device)
                 signals = ", ".join(signal.Signals(s).name for s in sorted(stop.received))
                 leaving = "exiting for requeue" if requeue else "exiting"
@@ -321,6 +335,7 @@ class Trainer(Engine):
                 )
                 return Interrupted(st.step, requeue)
         self._saved(self.saver.wait())
+        self.saver.close()
         self.metrics.close()
         result = self._finish()
         stop.ignore_warnings()

@@ -278,11 +278,11 @@ def test_a_llama_continued_on_the_gpu_starts_from_its_weights(data_dir, tmp_path
     shutil.copyfile(sp_model, llama / "tokenizer.model")
     original = {n: p.detach().float() for n, p in model.state_dict().items()}
 
-    workdir = with_data(data_dir, tmp_path / "run")
+    workdir = tmp_path / "run"  # tokenized with the Llama's tokenizer.model
     pipeline(
         workdir,
         f"model.init_from={llama}",
-        "stages=[train,evaluate,export]",
+        "stages=[tokenize,train,evaluate,export]",
         "train.steps=2",
         "train.warmup_steps=0",
         "train.lr=1e-9",
