@@ -15,6 +15,8 @@ from pipeline.core.lock import run_lock
 from pipeline.core.paths import RunPaths
 from pipeline.core.steps import Placement
 from pipeline.data.datasets import vocab_size
+from pipeline.exporting.steps import EXPORT
+from pipeline.exporting.steps import folder as export_folder
 from pipeline.orchestration import executors, graph, history, partitions, reruns, sweep
 from pipeline.orchestration.reruns import Verdict
 from pipeline.planning import preflight, render
@@ -69,6 +71,8 @@ def launch(cfg: PipelineConfig, given: list[str]) -> int:
         print(paths.summary.read_text())
     if paths.report_html.exists():
         print(f"Report:     {paths.report_html} ({paths.report.name} beside it)")
+    if "export" in cfg.stages and EXPORT.is_complete(cfg):
+        print(f"Model:      {export_folder(cfg)} (Hugging Face format)")
     return 0
 
 

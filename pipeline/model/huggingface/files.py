@@ -100,6 +100,7 @@ def write_model(
                 str(tmp),
                 metadata={"format": "pt"},
             )
+            os.chmod(tmp, 0o666 & ~files.umask())  # safetensors writes it anew, private
         weight_map.update(dict.fromkeys(names, file))
     total = sum(t.numel() * dtype.itemsize for t in tensors.values())
     files.write_json(out / INDEX, {"metadata": {"total_size": total}, "weight_map": weight_map})
