@@ -58,6 +58,11 @@ def llama_run(tokenized, tmp_path_factory) -> PipelineConfig:
 
 
 @pytest.fixture(scope="module")
+def tied_llama_run(tokenized, tmp_path_factory) -> PipelineConfig:
+    return _trained(tokenized, tmp_path_factory.mktemp("tied"), "model.untie_embeddings=false")
+
+
+@pytest.fixture(scope="module")
 def gpt2_run(tokenized, tmp_path_factory) -> PipelineConfig:
     return _trained(tokenized, tmp_path_factory.mktemp("gpt2"), *GPT2_SHAPE)
 
@@ -80,14 +85,18 @@ def _ids(sp, count: int = 3) -> torch.Tensor:
     return torch.tensor([ids] * count)
 
 
-@pytest.mark.parametrize("run", ["llama_run", "gpt2_run"])
+@pytest.mark.parametrize("run", ["llama_run", "tied_llama_run", "gpt2_run"])
 def test_exported_model_computes_the_same_logits_and_continuations(run, request):
     cfg = request.getfixturevalue(run)
     record = EXPORT.run(cfg)
     out = RunPaths.of(cfg.workdir).export_dir
-    expected = "LlamaForCausalLM" if run == "llama_run" else "GPT2LMHeadModel"
+    expected = "GPT2LMHeadModel" if run == "gpt2_run" else "LlamaForCausalLM"
     assert record["architecture"] == expected
-    assert files.read_json(out / "config.json")["architectures"] == [expected]
+    config = files.read_json(out / "config.json")
+    assert config["architectures"] == [expected]
+    assert config["tie_word_embeddings"] == (not cfg.model.untie_embeddings)
+    stored = files.read_json(out / "model.safetensors.index.json")["weight_map"]
+    assert ("lm_head.weight" in stored) == cfg.model.untie_embeddings
     assert EXPORT.is_complete(cfg)
 
     model, sp = _megatron(cfg)

@@ -71,25 +71,28 @@ def wait_for(
 def test_the_whole_graph_runs_as_chained_jobs(slurm_cluster, tmp_path):
     workdir = tmp_path / "run"
     started = time.time()
-    submitted = pipeline("cluster=slurm", f"workdir={workdir}", *SMALL, "cluster.tasks_per_node=2")
+    every_stage = ["cluster.tasks_per_node=2", "stages=[tokenize,train,evaluate,export]"]
+    submitted = pipeline("cluster=slurm", f"workdir={workdir}", *SMALL, *every_stage)
     assert time.time() - started < 60, "submission must return at once"
-    for step in ("tokenizer", "tokenize", "verify", "index", "train", "evaluate"):
+    for step in ("tokenizer", "tokenize", "verify", "index", "train", "evaluate", "export"):
         assert f"{step}: submitted job" in submitted.stderr
     states = wait_for(workdir, 600)
     assert all(r["state"] == "COMPLETED" for rs in states.values() for r in rs), states
     plan = json.loads((workdir / "data" / "plan.json").read_text())
     assert len(states["tokenize"]) == len(plan["shards"]) == 2  # one array task per shard
     assert len({r["nodes"] for r in states["tokenize"]}) == 2  # the array spreads over nodes
-    order = ["tokenizer", "tokenize", "verify", "index", "train", "evaluate"]
+    order = ["tokenizer", "tokenize", "verify", "index", "train", "evaluate", "export"]
     for before, after in zip(order, order[1:], strict=False):
         assert max(r["end"] for r in states[before]) <= min(r["start"] for r in states[after])
     summary = json.loads((workdir / "summary.json").read_text())
     assert summary["train_steps"] == 20 and summary["test_ppl"] < 512
     status = pipeline(f"workdir={workdir}", module="pipeline.status")
-    assert status.stdout.count("COMPLETE") == 6
-    again = pipeline("cluster=slurm", f"workdir={workdir}", *SMALL, "cluster.tasks_per_node=2")
+    assert status.stdout.count("COMPLETE") == 7
+    assert json.loads((workdir / "export" / "export.json").read_text())["checkpoint_step"] == 20
+    again = pipeline("cluster=slurm", f"workdir={workdir}", *SMALL, *every_stage)
     assert "submitted job" not in again.stderr
-    assert "already complete: tokenizer, tokenize, verify, index, train, evaluate" in again.stderr
+    done = "already complete: tokenizer, tokenize, verify, index, train, evaluate, export"
+    assert done in again.stderr
 
 
 def test_a_failed_step_cancels_the_steps_after_it(slurm_cluster, tmp_path):
