@@ -1,9 +1,10 @@
 """Where a job's ranks meet: the first node of the allocation, by an address every rank can
-reach. Slurm names nodes, and a node's name need not be a host name (n1, gpu-a07): then the
-address is the NodeAddr Slurm has for it."""
+reach, on a port every rank derives from the job id. Slurm names nodes, and a node's name need
+not be a host name (n1, gpu-a07): then the address is the NodeAddr Slurm has for it."""
 
 from __future__ import annotations
 
+import random
 import re
 import socket
 import subprocess
@@ -11,6 +12,15 @@ import subprocess
 from pipeline.core.errors import StageError
 
 NODE_ADDR = re.compile(r"\bNodeAddr=(\S+)")
+# Below Linux's default range of ports for outgoing connections (32768-60999), from which
+# any client socket on the first node may hold a port (submitit's default, 20000-60000,
+# overlaps it: a rank 0 then fails to listen, "address already in use")
+PORTS = (20000, 32767)
+
+
+def port_of(job_id: str) -> int:
+    """The rendezvous port of a job: the same on every rank, without talking to each other."""
+    return random.Random(str(job_id)).randint(*PORTS)
 
 
 def resolves(name: str) -> bool:

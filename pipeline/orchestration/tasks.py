@@ -18,9 +18,9 @@ from pipeline.training import signals
 
 
 def export_distributed_env(rendezvous_timeout_s: float) -> None:
-    """RANK, WORLD_SIZE, LOCAL_RANK, MASTER_PORT from submitit's job environment; MASTER_ADDR
-    an address of the first node (pipeline.orchestration.rendezvous); how long a rank waits
-    for the others at it."""
+    """RANK, WORLD_SIZE, LOCAL_RANK from submitit's job environment; MASTER_ADDR an address of
+    the first node and MASTER_PORT a port of the job (pipeline.orchestration.rendezvous), unless
+    set; how long a rank waits for the others at it."""
     import submitit
 
     env = submitit.JobEnvironment()
@@ -28,6 +28,8 @@ def export_distributed_env(rendezvous_timeout_s: float) -> None:
         exported = submitit.helpers.TorchDistributedEnvironment()
         if "MASTER_ADDR" not in os.environ:  # a site's own setting wins
             exported.master_addr = rendezvous.address_of(exported.master_addr)
+        if "MASTER_PORT" not in os.environ:
+            exported.master_port = rendezvous.port_of(env.job_id)
         exported.export(set_cuda_visible_devices=False)
         os.environ[distributed.RENDEZVOUS_TIMEOUT_ENV] = str(rendezvous_timeout_s)
 

@@ -85,6 +85,12 @@ def meet(me: Rank, timeout_s: float):
         )
     except (RuntimeError, OSError) as e:  # torch's DistNetworkError, DistStoreError
         cause = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        if me.is_first and "EADDRINUSE" in cause:
+            raise StageError(
+                f"rendezvous: rank 0 of {me.world_size} could not listen on {address}: the "
+                "port is in use on the first node; rerun (a requeued job keeps its port: set "
+                "MASTER_PORT to a free one)"
+            ) from None
         who = "some rank did not reach" if me.is_first else "could not reach"
         raise StageError(
             f"rendezvous: rank {me.rank} of {me.world_size}: {who} {address} within "
