@@ -23,6 +23,18 @@ except StageError as e:
 """
 
 
+def rank_env(rank: int, port: int, timeout_s: int) -> dict[str, str]:
+    """One rank of two meeting on 127.0.0.1:`port`."""
+    return {
+        "RANK": str(rank),
+        "WORLD_SIZE": "2",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(port),
+        "PIPELINE_RENDEZVOUS_TIMEOUT_S": str(timeout_s),
+        "PATH": "/usr/bin:/bin",
+    }
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -32,14 +44,7 @@ def free_port() -> int:
 @pytest.mark.parametrize("rank,who", [(1, "could not reach"), (0, "some rank did not reach")])
 def test_a_rendezvous_nobody_completes_fails_in_bounded_time_naming_the_address(rank, who):
     port = free_port()
-    env = {
-        "RANK": str(rank),
-        "WORLD_SIZE": "2",
-        "MASTER_ADDR": "127.0.0.1",
-        "MASTER_PORT": str(port),
-        "PIPELINE_RENDEZVOUS_TIMEOUT_S": "3",
-        "PATH": "/usr/bin:/bin",
-    }
+    env = rank_env(rank, port, 3)
     started = time.monotonic()
     done = subprocess.run(
         [sys.executable, "-c", INIT], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
@@ -58,14 +63,7 @@ def test_a_first_rank_whose_port_is_taken_says_so_at_once():
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        env = {
-            "RANK": "0",
-            "WORLD_SIZE": "2",
-            "MASTER_ADDR": "127.0.0.1",
-            "MASTER_PORT": str(port),
-            "PIPELINE_RENDEZVOUS_TIMEOUT_S": "30",
-            "PATH": "/usr/bin:/bin",
-        }
+        env = rank_env(0, port, 30)
         started = time.monotonic()
         done = subprocess.run(
             [sys.executable, "-c", INIT], cwd=ROOT, env=env, capture_output=True, text=True
