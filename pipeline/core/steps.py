@@ -11,6 +11,7 @@ themselves.
 
 from __future__ import annotations
 
+import abc
 import enum
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,17 +45,17 @@ class Change(enum.Enum):
     REFUSE = "refuse"  # it would be lost or mislabelled: refuse, unless force=STEP
 
 
-class RedoneWhenChanged:
+class RedoneWhenChanged(abc.ABC):
     """A step whose output is made again, nothing lost, whenever what it would be made from
     differs from what its marker records (an evaluation, an export). A subclass names its
     marker, the JSON file it writes last with a "made_from" entry, and defines made_from.
     `cfg` is the run's PipelineConfig (core sits below the config package)."""
 
-    def marker(self, cfg: Any) -> Path:
-        raise NotImplementedError
+    @abc.abstractmethod
+    def marker(self, cfg: Any) -> Path: ...
 
-    def made_from(self, cfg: Any) -> dict:
-        raise NotImplementedError
+    @abc.abstractmethod
+    def made_from(self, cfg: Any) -> dict: ...
 
     def recorded(self, cfg: Any) -> dict | None:
         done = files.read_json_or_none(self.marker(cfg))
