@@ -128,7 +128,10 @@ def load(folder: Path, sharded_state: dict) -> dict:
     must be in the checkpoint (a resume restores all of it)."""
     from megatron.core import dist_checkpointing
 
-    return dist_checkpointing.load(sharded_state, _written(folder), _load_strategy(folder))
+    from pipeline.model.checkpoint_reader import threaded_reading
+
+    with threaded_reading():
+        return dist_checkpointing.load(sharded_state, _written(folder), _load_strategy(folder))
 
 
 def _load_strategy(folder: Path):
@@ -176,13 +179,16 @@ def load_weights(folder: Path, chunks: list[torch.nn.Module]) -> None:
     from megatron.core import dist_checkpointing
     from megatron.core.dist_checkpointing.validation import StrictHandling
 
+    from pipeline.model.checkpoint_reader import threaded_reading
+
     # megatron-core's "unexpected" keys: asked for, and not in the checkpoint
-    state, _, absent = dist_checkpointing.load(
-        model_state(chunks),
-        _written(folder),
-        _load_strategy(folder),
-        strict=StrictHandling.RETURN_UNEXPECTED,
-    )
+    with threaded_reading():
+        state, _, absent = dist_checkpointing.load(
+            model_state(chunks),
+            _written(folder),
+            _load_strategy(folder),
+            strict=StrictHandling.RETURN_UNEXPECTED,
+        )
     weights = sorted(key for key in absent if not key.split("/")[0].endswith("_extra_state"))
     if weights:
         raise StageError(
