@@ -31,6 +31,7 @@ from pipeline.core import files
 from pipeline.core.errors import ConfigError, RunLocked, StageError
 from pipeline.core.paths import RunPaths
 from pipeline.orchestration import history, sweep
+from pipeline.planning import auto
 
 __all__ = ["CONF", "run", "fail"]
 
@@ -149,7 +150,7 @@ def run(
     try:
         if replay is not None:
             composed = replayed(composed, replay, last_stages)
-        code = command(config.load(composed, adjust))
+        code = command(config.load(composed, adjust, settle=auto.settle))
     except ConfigError as e:
         fail(str(e), EXIT_CONFIG)
     except RunLocked as e:

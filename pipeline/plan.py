@@ -90,6 +90,12 @@ def main() -> None:
         options, rest = pop_options(sys.argv[1:])
     except ConfigError as e:
         cli.fail(str(e), cli.EXIT_CONFIG)
+    # the GPU planned for is the one train.micro_batch_size=auto and train.recompute=auto plan
+    # for, unless the overrides name one
+    if options.gpu and not any(arg.startswith("cluster.gpu=") for arg in rest):
+        rest.append(f"cluster.gpu={options.gpu}")
+    if options.gpu_memory_gb and not any(a.startswith("cluster.gpu_memory_gb=") for a in rest):
+        rest.append(f"cluster.gpu_memory_gb={options.gpu_memory_gb:g}")
     sys.argv[1:] = rest
     cli.check_overrides(rest)
 

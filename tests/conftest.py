@@ -23,6 +23,7 @@ import pytest
 
 from pipeline import config
 from pipeline.config import PipelineConfig
+from pipeline.planning import auto
 
 TESTS = Path(__file__).resolve().parent
 ROOT = TESTS.parent
@@ -62,8 +63,14 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(folder)
 
 
+# train=gpu with the micro-batch and recompute given, as the hand-worked figures of the planning
+# tests assume (auto would choose them for a GPU the test names)
+GPU_GIVEN = ("train=gpu", "train.micro_batch_size=8", "train.recompute=none")
+
+
 def make_config(workdir: Path | str, *overrides: str, validate: bool = True) -> PipelineConfig:
-    return config.compose(str(workdir), *overrides, check=validate)
+    """As the command line composes it: validated, auto values settled, derived values in."""
+    return config.compose(str(workdir), *overrides, check=validate, settle=auto.settle)
 
 
 def changed(cfg: PipelineConfig, section: str, **values) -> PipelineConfig:

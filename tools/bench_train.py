@@ -89,10 +89,11 @@ class StageRun:
 def planned_memory_gib(overrides: list[str]) -> float:
     """The planner's estimate of torch's peak allocation for the config (total - overhead)."""
     from pipeline.config import compose
+    from pipeline.planning import auto
     from pipeline.planning.memory import memory_per_gpu
     from pipeline.planning.parallel_layout import ParallelLayout
 
-    cfg = compose("/tmp/unused", *overrides)
+    cfg = compose("/tmp/unused", *overrides, settle=auto.settle)
     memory = memory_per_gpu(cfg.model, VOCAB, ParallelLayout.of(cfg))
     return (memory["total"] - memory["overhead"]) / 2**30
 

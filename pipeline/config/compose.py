@@ -104,29 +104,37 @@ def source(name: str, value: Any) -> SourceConfig:
     return SourceConfig(list(inputs), text_key, float(weight))
 
 
+Adjust = Callable[[PipelineConfig], PipelineConfig]
+
+
 def load(
-    composed: DictConfig,
-    adjust: Callable[[PipelineConfig], PipelineConfig] | None = None,
+    composed: DictConfig, adjust: Adjust | None = None, settle: Adjust | None = None
 ) -> PipelineConfig:
-    """Typed, `adjust`ed (a sweep point's own settings), validated, derived values filled in.
-    Raises ConfigError naming the key."""
+    """Typed, `adjust`ed (a sweep point's own settings), validated, `settle`d (the planner's
+    choice for the values left to it, train.micro_batch_size=auto and train.recompute=auto),
+    derived values filled in. Raises ConfigError naming the key."""
     cfg = typed(composed)
     if adjust is not None:
         cfg = adjust(cfg)
     validate(cfg)
+    if settle is not None:
+        cfg = settle(cfg)
     return derived.resolve(cfg)
 
 
-def compose(workdir: str | Path, *overrides: str, check: bool = True) -> PipelineConfig:
+def compose(
+    workdir: str | Path, *overrides: str, check: bool = True, settle: Adjust | None = None
+) -> PipelineConfig:
     """The config the command line composes from conf/ for these overrides: validated and
-    resolved, or with `check=False` only typed."""
+    resolved (the command line settles auto values with pipeline.planning.auto.settle), or
+    with `check=False` only typed."""
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
 
     register()
     with initialize_config_dir(config_dir=CONF, version_base=None):
         composed = hydra_compose("config", overrides=[f"workdir={workdir}", *overrides])
-    return load(composed) if check else typed(composed)
+    return load(composed, settle=settle) if check else typed(composed)
 
 
 def to_yaml(cfg: PipelineConfig) -> str:

@@ -8,7 +8,7 @@ import dataclasses
 import os
 from dataclasses import dataclass
 
-from pipeline.config.schema import ClusterConfig, PipelineConfig
+from pipeline.config.schema import AUTO, ClusterConfig, PipelineConfig
 from pipeline.core.errors import ConfigError
 
 
@@ -79,6 +79,8 @@ def batch(cfg: PipelineConfig) -> Batch:
     t = cfg.train
     dp = data_parallel_size(cfg)
     micro = t.micro_batch_size
+    if micro == AUTO:
+        raise ValueError("train.micro_batch_size=auto: not settled (pipeline.planning.auto)")
     if t.hold_global_batch and t.grad_accum is not None:
         if t.global_batch_size % (t.grad_accum * dp):
             raise ConfigError(
@@ -107,6 +109,8 @@ def batch(cfg: PipelineConfig) -> Batch:
 def resolve(cfg: PipelineConfig) -> PipelineConfig:
     """A copy of a validated config with train.micro_batch_size and train.grad_accum as the
     run uses them (see `batch`)."""
+    if cfg.train.recompute == AUTO:
+        raise ValueError("train.recompute=auto: not settled (pipeline.planning.auto)")
     b = batch(cfg)
     train = dataclasses.replace(cfg.train, micro_batch_size=b.micro, grad_accum=b.grad_accum)
     tokenizer = cfg.tokenizer

@@ -15,6 +15,7 @@ from omegaconf import MISSING
 
 STAGES = ("tokenize", "train", "evaluate", "export")
 DEFAULT_STAGES = STAGES[:3]  # export: added to stages when wanted
+AUTO = "auto"  # train.micro_batch_size and train.recompute: the planner chooses
 
 
 @dataclass
@@ -109,7 +110,9 @@ class ParallelConfig:
 
 @dataclass
 class TrainConfig:
-    micro_batch_size: int = 8
+    # a number, or auto (GPU runs): the planner picks the fastest micro-batch whose memory
+    # estimate fits the GPU with a margin (pipeline.planning.auto), before anything runs
+    micro_batch_size: Any = 8
     global_batch_size: int = 32
     grad_accum: int | None = None  # derived from the batch sizes and data-parallel size
     # Sweeps: keep global_batch_size and derive micro_batch_size from a given grad_accum.
@@ -126,7 +129,7 @@ class TrainConfig:
     clip_grad: float = 1.0
     precision: str = "bf16"  # fp32 | bf16 | fp16 | fp8
     fp8_recipe: str = "delayed"  # delayed | tensorwise
-    recompute: str = "none"  # none | selective | full
+    recompute: str = "none"  # none | selective | full | auto (chosen with the micro-batch)
     recompute_layers: int | None = None  # with full recompute: layers recomputed per stage
     device: str = "auto"  # auto | cpu | cuda
     # Initialise whole weights on the CPU, then shard them: the same initial model under any
@@ -165,6 +168,8 @@ class TrainConfig:
     exit_signal_lead_s: int = 120  # Slurm warns (SIGUSR2) this long before the time limit
     max_requeues: int = 20
     nonfinite: str = "skip"  # skip | stop: a step whose loss or gradient is NaN or infinite
+    # Derived, not a setting: what micro_batch_size=auto / recompute=auto became, and why
+    auto_choice: str | None = None
 
 
 @dataclass

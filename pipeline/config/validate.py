@@ -16,7 +16,7 @@ from functools import reduce
 from typing import Any
 
 from pipeline.config import derived
-from pipeline.config.schema import STAGES, PipelineConfig
+from pipeline.config.schema import AUTO, STAGES, PipelineConfig
 from pipeline.core.errors import ConfigError
 
 
@@ -51,17 +51,43 @@ def validate(cfg: PipelineConfig) -> None:
     _validate_tokenizer(cfg)
     _validate_model(cfg)
     _validate_parallel(cfg)
-    derived.batch(cfg)  # the batch arithmetic
+    _validate_batch(cfg)
     _validate_train(cfg)
     _validate_cluster(cfg)
     _validate_eval(cfg)
     _validate_export(cfg)
 
 
+def _validate_batch(cfg: PipelineConfig) -> None:
+    """The micro-batch is a number or auto; the batch arithmetic holds (with auto: the global
+    batch splits over the data-parallel ranks; the planner then picks a divisor)."""
+    t = cfg.train
+    micro = t.micro_batch_size
+    _require(
+        micro == AUTO or (isinstance(micro, int) and not isinstance(micro, bool)),
+        "train.micro_batch_size",
+        f"{micro!r} is not a whole number or auto",
+    )
+    _require(
+        t.auto_choice is None,
+        "train.auto_choice",
+        "is set by the planner (what micro_batch_size/recompute=auto became), not a setting",
+    )
+    if micro != AUTO:
+        derived.batch(cfg)
+        return
+    dp = derived.data_parallel_size(cfg)
+    _require(
+        t.global_batch_size >= 1 and t.global_batch_size % dp == 0,
+        "train.global_batch_size",
+        f"{t.global_batch_size} is not a positive multiple of the data-parallel size {dp}",
+    )
+
+
 def _validate_train(cfg: PipelineConfig) -> None:
     _one_of(cfg, "train.precision", ("fp32", "bf16", "fp16", "fp8"))
     _one_of(cfg, "train.fp8_recipe", ("delayed", "tensorwise"))
-    _one_of(cfg, "train.recompute", ("none", "selective", "full"))
+    _one_of(cfg, "train.recompute", ("none", "selective", "full", AUTO))
     _one_of(cfg, "train.device", ("auto", "cpu", "cuda"))
     _one_of(cfg, "train.lr_decay_style", ("cosine", "linear", "constant", "WSD"))
     t = cfg.train
@@ -75,10 +101,12 @@ def _validate_train(cfg: PipelineConfig) -> None:
     for key in ("log_interval", "eval_interval"):
         _require(getattr(t, key) > 0, f"train.{key}", "must be positive")
     if t.eval_iters is not None:
-        samples = t.eval_iters * t.micro_batch_size * derived.data_parallel_size(cfg)
+        samples = ""
+        if t.micro_batch_size != AUTO:
+            samples = f"={t.eval_iters * t.micro_batch_size * derived.data_parallel_size(cfg)}"
         raise ConfigError(
             "train.eval_iters: counts micro-batches, so runs with other micro-batch sizes would "
-            f"validate on other sequences; give train.eval_samples={samples} (sequences) instead"
+            f"validate on other sequences; give train.eval_samples{samples} (sequences) instead"
         )
     _require(t.save_interval >= 0, "train.save_interval", "must be >= 0 (0: no checkpoints)")
     _require(t.keep_last >= 1, "train.keep_last", "must be at least 1")

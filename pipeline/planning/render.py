@@ -64,6 +64,7 @@ def summary_lines(cfg: PipelineConfig, vocab_size: int) -> list[str]:
         f"{count(counts['embedding'])}, output layer {count(counts['output_layer'])}), "
         f"{per_token / 1e9:.2f} GFLOP/token",
         f"[plan] memory per {where} ~{gib(memory['total'])} ({parts} GiB) for {layout.describe()}",
+        *([f"[plan] chosen: {cfg.train.auto_choice}"] if cfg.train.auto_choice else []),
         f"[plan] {tokens_per_step(cfg):,} tokens/step x {steps} steps = "
         f"{count(tokens_per_step(cfg) * steps)} tokens",
         *mixture.plan_lines(cfg),
@@ -271,6 +272,8 @@ def plan_lines(cfg: PipelineConfig, options: PlanOptions) -> list[str]:
     )
     gpus = f"{layout.gpus} GPU{'' if layout.gpus == 1 else 's'}"
     lines.append(f"Layout: {gpus}, {layout.describe()}")
+    if cfg.train.auto_choice:
+        lines.append(f"  chosen: {cfg.train.auto_choice}")
     lines += _memory_lines(cfg, vocab_size, layout, capacity)
     lines += _activation_table(cfg, layout)
     lines += _time_lines(cfg, vocab_size, layout, options, gpu)

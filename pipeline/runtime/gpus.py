@@ -48,3 +48,25 @@ def capacity_bytes(gpu_memory_gb: float) -> int:
     """What a GPU sold as `gpu_memory_gb` GB holds, as torch counts it."""
     mib = DEVICE_MIB.get(int(gpu_memory_gb)) if gpu_memory_gb == int(gpu_memory_gb) else None
     return mib * 2**20 if mib else int(gpu_memory_gb * GIB)
+
+
+def local_gpu() -> tuple[str, float] | None:
+    """This machine's first GPU as (name, memory in GiB) from nvidia-smi, without importing
+    torch (seconds); None where there is none or nvidia-smi does not answer."""
+    import subprocess
+
+    try:
+        answer = subprocess.run(
+            ["nvidia-smi", "--query-gpu=name,memory.total", "--format=csv,noheader,nounits"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    first = answer.stdout.strip().splitlines()[:1] if answer.returncode == 0 else []
+    try:
+        name, mib = first[0].rsplit(",", 1)
+        return name.strip(), int(mib) / 1024
+    except (IndexError, ValueError):
+        return None

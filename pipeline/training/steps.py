@@ -30,6 +30,7 @@ if TYPE_CHECKING:
 # changing them resumes as usual.
 NOT_SETTINGS = (
     "micro_batch_size",
+    "auto_choice",
     "grad_accum",
     "hold_global_batch",
     "recompute",

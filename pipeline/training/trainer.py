@@ -238,6 +238,8 @@ class Trainer(Engine):
         """train/ranks.json: for each attempt, the step it started from and where each rank ran."""
         ranks = self.placement()
         self._log(f"[train] {placement.describe(ranks)}")
+        if self.cfg.train.auto_choice:
+            self._log(f"[train] {self.cfg.train.auto_choice}")
         if self.rank.is_first:
             record = files.read_json_or_none(self.paths.ranks) or {"attempts": []}
             record["attempts"].append({"from_step": self.state.step, "ranks": ranks})

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pipeline.model.backends import names
 from pipeline.training.checkpoint_records import layout_problem
-from tests.conftest import make_config
+from tests.conftest import GPU_GIVEN, make_config
 
 
 def layout(backend: str = "cpu", tensor: int = 2, padded: int = 512, **more) -> dict:
@@ -28,7 +28,7 @@ def test_another_tensor_pipeline_or_data_layout_resumes():
 def test_a_gpu_run_resumes_its_own_checkpoint():
     """The launcher names the backend before any GPU is there; it must be the name the GPU
     backend writes into the checkpoint's layout."""
-    gpu = make_config("/tmp/unused", "train=gpu", "cluster.gpus_per_node=1")
+    gpu = make_config("/tmp/unused", *GPU_GIVEN, "cluster.gpus_per_node=1")
     cpu = make_config("/tmp/unused")
     saved = state(backend=names.TRANSFORMER_ENGINE)
     assert layout_problem(saved, layout(names.for_training(gpu))) is None

@@ -28,6 +28,8 @@ def test_every_config_file_composes(group, option, tmp_path):
         for name in ("web", "code", "books"):
             (tmp_path / f"{name}.jsonl").write_text('{"text": "hello", "content": "x = 1"}\n')
             overrides.append(f"data.sources.{name}.inputs=[{tmp_path / name}.jsonl]")
+    if option == "gpu":  # its micro-batch and recompute are auto: chosen for a GPU
+        overrides.append("cluster.gpu=H100")
     if (group == "model" and option != "tiny") or option == "gpu-cluster":
         # a layout that divides the big shapes and a batch that divides across 16 GPUs
         overrides += ["cluster.gpus_per_node=8", "train.global_batch_size=256"]

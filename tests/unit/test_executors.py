@@ -18,7 +18,7 @@ import pytest
 from pipeline.core.steps import Placement
 from pipeline.orchestration import executors, graph
 from pipeline.orchestration.executors.base import resources
-from tests.conftest import ROOT, make_config
+from tests.conftest import GPU_GIVEN, ROOT, make_config
 
 EXPECTED = Path(__file__).parent / "expected_sbatch"
 WORKDIR = "/nonexistent/run"
@@ -26,14 +26,14 @@ CONFIGS = {
     "slurm": ["cluster=slurm"],
     "gpu-site": [
         "cluster=gpu-cluster",
-        "train=gpu",
+        *GPU_GIVEN,
         "model=gpt-1.3b",
         "+cluster.sbatch_extra.constraint=h100",
         "cluster.account=proj",
     ],
     "gpu-container": [
         "cluster=gpu-cluster",
-        "train=gpu",
+        *GPU_GIVEN,
         "model=gpt-1.3b",
         "cluster.container_image=/images/pretrain.sqsh",
         "cluster.container_mounts=[/lustre:/lustre,/scratch:/scratch:ro]",
@@ -107,7 +107,7 @@ def test_executors_are_chosen_by_name(tmp_path):
 
 
 def test_each_step_says_where_it_runs_and_the_cluster_gives_it_resources(tmp_path):
-    cfg = make_config(tmp_path, "cluster=gpu-cluster", "train=gpu", "model=gpt-1.3b")
+    cfg = make_config(tmp_path, "cluster=gpu-cluster", *GPU_GIVEN, "model=gpt-1.3b")
     placements = {step.name: step.placement for step in graph.steps(cfg)}
     assert placements == {
         "tokenizer": Placement.CPU,

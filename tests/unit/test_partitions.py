@@ -8,7 +8,7 @@ import pytest
 
 from pipeline.core.errors import ConfigError
 from pipeline.orchestration import graph, partitions
-from tests.conftest import make_config
+from tests.conftest import GPU_GIVEN, make_config
 
 CPU_CLUSTER = "n1|debug*|4|8000|(null)\nn2|debug*|4|8000|(null)\nn3|debug*|4|8000|(null)\n"
 GPU_BATCH = "train.global_batch_size=384"  # a multiple of 8 x 24 and 8 x 16 ranks
@@ -34,7 +34,7 @@ def test_the_tables_read_as_sinfo_prints_them():
 def test_jobs_that_fit_pass():
     check(CPU_CLUSTER, "cluster.nodes=2", "cluster.tasks_per_node=2", "cluster.cpus_per_task=2")
     check(CPU_CLUSTER, "cluster.nodes=3", "cluster.cpus_per_task=4", "train.global_batch_size=48")
-    check(GPU_SITE, "train=gpu", "cluster.gpus_per_node=8", "cluster.nodes=2", GPU_BATCH)
+    check(GPU_SITE, *GPU_GIVEN, "cluster.gpus_per_node=8", "cluster.nodes=2", GPU_BATCH)
 
 
 @pytest.mark.parametrize(
@@ -71,6 +71,6 @@ def test_a_job_no_node_can_run_is_refused_naming_the_key(overrides, message):
 
 def test_gpus_and_nodes_that_fit_are_counted_together():
     with pytest.raises(ConfigError, match=r"^cluster.gpus_per_node: .* asks 16 GPUs per node; "):
-        check(GPU_SITE, "train=gpu", "cluster.gpus_per_node=16")
+        check(GPU_SITE, *GPU_GIVEN, "cluster.gpus_per_node=16")
     with pytest.raises(ConfigError, match=r"^cluster.nodes: the train job asks 3 nodes; "):
-        check(GPU_SITE, "train=gpu", "cluster.gpus_per_node=8", "cluster.nodes=3", GPU_BATCH)
+        check(GPU_SITE, *GPU_GIVEN, "cluster.gpus_per_node=8", "cluster.nodes=3", GPU_BATCH)

@@ -16,7 +16,7 @@ from pipeline.plan import pop_options
 from pipeline.planning import memory, preflight, render, search, throughput
 from pipeline.planning.parallel_layout import ParallelLayout
 from pipeline.runtime.gpus import capacity_bytes
-from tests.conftest import make_config
+from tests.conftest import GPU_GIVEN, make_config
 
 
 def test_gpt_1_3b_counted_by_hand(tmp_path):
@@ -149,7 +149,7 @@ def test_activations_reproduce_korthikanti(tmp_path, tensor):
 
 
 def test_activations_follow_the_kernels_and_shapes(tmp_path):
-    cfg = make_config(tmp_path, "model=gpt-1.3b", "train=gpu", "cluster.gpus_per_node=1")
+    cfg = make_config(tmp_path, "model=gpt-1.3b", *GPU_GIVEN, "cluster.gpus_per_node=1")
     layout = ParallelLayout.of(cfg)
     assert layout.fused_kernels and layout.precision == "bf16"
     s, b, h = 2048, layout.micro_batch, 2048
@@ -162,14 +162,14 @@ def test_activations_follow_the_kernels_and_shapes(tmp_path):
     fp8 = memory.layer_activations(cfg.model, replace(layout, precision="fp8"))
     assert fp8 < memory.layer_activations(cfg.model, layout)
     # GQA: fewer key/value heads keep less
-    gqa = make_config(tmp_path, "model=gpt-1.3b", "model.num_query_groups=4", "train=gpu")
+    gqa = make_config(tmp_path, "model=gpt-1.3b", "model.num_query_groups=4", *GPU_GIVEN)
     assert memory.layer_activations(gqa.model, layout) == memory.layer_activations(
         cfg.model, layout
     ) - 2 * 2 * (s * b * 128 * 12)
 
 
 def test_static_memory_per_parameter(tmp_path):
-    cfg = make_config(tmp_path, "model=gpt-1.3b", "train=gpu", "cluster.gpus_per_node=8")
+    cfg = make_config(tmp_path, "model=gpt-1.3b", *GPU_GIVEN, "cluster.gpus_per_node=8")
     n = stage_params(cfg.model, 32000, 1, 1, 0)["total"]
     dist = memory.memory_per_gpu(
         cfg.model, 32000, ParallelLayout(data=8, distributed_optimizer=True)
@@ -188,7 +188,7 @@ def test_static_memory_per_parameter(tmp_path):
 
 
 def test_pipeline_stages_hold_micro_batches_in_flight(tmp_path):
-    cfg = make_config(tmp_path, "model=gpt-1.3b", "train=gpu", validate=False)
+    cfg = make_config(tmp_path, "model=gpt-1.3b", *GPU_GIVEN, validate=False)
     layout = ParallelLayout(pipeline=4, grad_accum=8, micro_batch=4)
     assert [memory.micro_batches_in_flight(layout, s) for s in range(4)] == [4, 3, 2, 1]
     assert memory.micro_batches_in_flight(replace(layout, grad_accum=2), 0) == 2
@@ -210,7 +210,7 @@ def test_wall_time_for_a_token_budget(tmp_path):
     cfg = make_config(
         tmp_path,
         "model=gpt-1.3b",
-        "train=gpu",
+        *GPU_GIVEN,
         "cluster.gpus_per_node=8",
         "train.micro_batch_size=4",
         "train.global_batch_size=64",
@@ -223,20 +223,20 @@ def test_wall_time_for_a_token_budget(tmp_path):
 
 
 def test_search_rejects_tensor_parallel_sizes_that_do_not_divide_heads(tmp_path):
-    cfg = make_config(tmp_path, "model=gpt-1.3b", "train=gpu", "train.global_batch_size=48")
+    cfg = make_config(tmp_path, "model=gpt-1.3b", *GPU_GIVEN, "train.global_batch_size=48")
     found = search.search_layouts(cfg, 32000, gpus=6, gpu_memory_gb=80)
     assert "TP=3 does not divide 16 heads" in found.rejected
     assert "TP=6 does not divide 16 heads" in found.rejected
     assert {c.layout.tensor for c in found.feasible} <= {1, 2}
     assert {c.layout.pipeline for c in found.feasible} == {1, 2, 3, 6}  # all divide 24 layers
-    llama = make_config(tmp_path, "model=llama-8b", "train=gpu", "train.global_batch_size=48")
+    llama = make_config(tmp_path, "model=llama-8b", *GPU_GIVEN, "train.global_batch_size=48")
     rejected = search.search_layouts(llama, 128256, gpus=6, gpu_memory_gb=141).rejected
     assert "TP=3 does not divide 32 heads" in rejected
     assert "PP=3 does not divide 32 layers" in rejected
 
 
 def test_search_rejects_layouts_over_memory(tmp_path):
-    cfg = make_config(tmp_path, "model=gpt-1.3b", "train=gpu", "train.global_batch_size=64")
+    cfg = make_config(tmp_path, "model=gpt-1.3b", *GPU_GIVEN, "train.global_batch_size=64")
     # 18 bytes per parameter of weights, gradients and Adam do not fit 24 GiB without sharding
     alone = search.search_layouts(cfg, 32000, gpus=1, gpu_memory_gb=24)
     assert not alone.feasible
@@ -250,11 +250,11 @@ def test_search_rejects_layouts_over_memory(tmp_path):
 
 
 def test_best_layout_for_gpt_1_3b_needs_no_tensor_parallelism(tmp_path):
-    cfg = make_config(tmp_path, "model=gpt-1.3b", "train=gpu", "train.global_batch_size=64")
+    cfg = make_config(tmp_path, "model=gpt-1.3b", *GPU_GIVEN, "train.global_batch_size=64")
     best = search.search_layouts(cfg, 32000, gpus=1, gpu_memory_gb=141).feasible[0]
     assert (best.layout.tensor, best.layout.pipeline) == (1, 1)
     assert best.layout.recompute == "none"
-    many = make_config(tmp_path, "model=gpt-1.3b", "train=gpu", "train.global_batch_size=256")
+    many = make_config(tmp_path, "model=gpt-1.3b", *GPU_GIVEN, "train.global_batch_size=256")
     ranked = search.search_layouts(many, 32000, gpus=8, gpu_memory_gb=141).feasible
     assert (ranked[0].layout.tensor, ranked[0].layout.pipeline, ranked[0].layout.data) == (1, 1, 8)
     speeds = [c.throughput["tokens_per_s_per_gpu"] for c in ranked]
@@ -283,7 +283,7 @@ def test_plan_options_are_taken_off_the_command_line():
 
 
 def test_summary_lines_for_the_launcher(tmp_path):
-    cfg = make_config(tmp_path, "model=gpt-1.3b", "train=gpu", "cluster.gpus_per_node=1")
+    cfg = make_config(tmp_path, "model=gpt-1.3b", *GPU_GIVEN, "cluster.gpus_per_node=1")
     lines = render.summary_lines(cfg, 32000)
     assert "1.36 B parameters" in lines[0] and "output layer 65.5 M" in lines[0]
     assert lines[1].startswith("[plan] memory per GPU ~")
@@ -292,7 +292,13 @@ def test_summary_lines_for_the_launcher(tmp_path):
 
 # --- checks before submission: what would fail after hours in the queue ---------------------
 
-GPU_SLURM = ["train=gpu", "cluster=slurm", "cluster.gpus_per_node=8", "cluster.gpu=H100"]
+GPU_SLURM = [
+    "train=gpu",
+    "train.recompute=none",
+    "cluster=slurm",
+    "cluster.gpus_per_node=8",
+    "cluster.gpu=H100",
+]
 
 
 @pytest.mark.parametrize(

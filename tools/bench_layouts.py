@@ -1,0 +1,116 @@
+"""Does train.micro_batch_size=auto and train.recompute=auto pick a fast layout on this GPU?
+For each model, the real training stage with the auto values, beside the other micro-batches
+the planner considered, measured in one invocation.
+
+    python tools/bench_layouts.py --workdir /tmp/layouts --data DATA \
+        --models gpt-350m gpt-1.3b gpt-2.7b --global-batch 64 --others 2
+
+For each model the planner's options (pipeline.planning.auto) are ranked by its estimate; the
+stage runs once with auto (the planner's choice, read back from the run's config.yaml), then
+for the `--others` fastest other options whose estimate fits the GPU (without the margin auto
+keeps: measuring them says whether the margin costs speed), one micro-batch each, recompute
+none unless --recompute names others. It prints, per run, the estimate (memory, tokens/s) and
+the measurement (median tokens/s after warm-up, MFU, peak memory), and the chosen layout's
+throughput against the fastest measured. DATA is a run folder tokenized with
+tools/bench_train.py's settings (32k BPE).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from tools.bench_train import VOCAB, StageRun, run_stage, stage_overrides  # noqa: E402
+
+AUTO = ["train.micro_batch_size=auto", "train.recompute=auto"]
+
+
+def planner_view(model: str, global_batch: int) -> tuple[list, int, str]:
+    """The planner's options for the model on this machine's GPU, fastest first by its
+    estimate, the GPU's capacity in bytes, and what auto chooses (its explanation)."""
+    from pipeline.config import compose
+    from pipeline.planning import auto
+
+    overrides = stage_overrides(model, 1, global_batch, 10)
+    cfg = compose("/tmp/unused", *[o for o in overrides if "micro_batch" not in o], *AUTO,
+                  check=False)  # fmt: skip
+    capacity, _ = auto.gpu_capacity(cfg)
+    settled = auto.settle(cfg)
+    return auto.options(cfg, VOCAB), capacity, settled.train.auto_choice
+
+
+def measured(workdir: Path, model: str, global_batch: int, extra: list[str], args) -> dict:
+    run = StageRun(model, global_batch, 1, extra)  # extra's micro-batch overrides this one
+    result = run_stage(workdir, run, args.steps, args.warmup, args.data)
+    config = (workdir / "config.yaml").read_text() if (workdir / "config.yaml").exists() else ""
+    for key in ("micro_batch_size", "recompute"):
+        found = [line.split(":", 1)[1].strip() for line in config.splitlines()
+                 if line.strip().startswith(f"{key}:")]  # fmt: skip
+        result[key] = found[0] if found else None
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--workdir", type=Path, required=True)
+    parser.add_argument("--data", type=Path, required=True, help="a tokenized run folder")
+    parser.add_argument("--models", nargs="+", default=["gpt-350m", "gpt-1.3b", "gpt-2.7b"])
+    parser.add_argument("--global-batch", type=int, default=64)
+    parser.add_argument("--others", type=int, default=2, help="other options measured")
+    parser.add_argument("--recompute", nargs="+", default=["none"])
+    parser.add_argument("--steps", type=int, default=6)
+    parser.add_argument("--warmup", type=int, default=3)
+    args = parser.parse_args()
+
+    for model in args.models:
+        options, capacity, choice = planner_view(model, args.global_batch)
+        print(f"# {model}: {choice}", flush=True)
+        estimate = {(o.layout.micro_batch, o.layout.recompute): o for o in options}
+        rows = [("auto", measured(args.workdir / f"{model}-auto", model, args.global_batch,
+                                  AUTO, args))]  # fmt: skip
+        chosen = (int(rows[0][1]["micro_batch_size"] or 0), rows[0][1]["recompute"])
+        others = [o for o in options if o.memory <= capacity and o.layout.recompute in
+                  args.recompute and (o.layout.micro_batch, o.layout.recompute) != chosen]  # fmt: skip
+        seen = set()
+        for option in others:
+            lo = option.layout
+            if len(seen) == args.others or lo.micro_batch in seen:
+                continue
+            seen.add(lo.micro_batch)
+            extra = [f"train.micro_batch_size={lo.micro_batch}", f"train.recompute={lo.recompute}"]
+            name = f"mb{lo.micro_batch}-{lo.recompute}"
+            result = measured(args.workdir / f"{model}-{name}", model, args.global_batch, extra,
+                              args)  # fmt: skip
+            rows.append((name, result))
+        for name, result in rows:
+            print(json.dumps({"model": model, "run": name, **result}), flush=True)
+        fastest = max((r["tokens_per_s"] for _, r in rows if "tokens_per_s" in r), default=None)
+        print(f"\n| {model} | micro-batch x accumulation, recompute | planned GiB | "
+              "planned tokens/s | tokens/s | MFU | peak GiB | of the fastest |")  # fmt: skip
+        print("|---|---|---|---|---|---|---|---|")
+        for name, r in rows:
+            key = (int(r.get("micro_batch_size") or 0), r.get("recompute"))
+            o = estimate.get(key)
+            layout = f"{key[0]} x {args.global_batch // max(1, key[0])}, {key[1]}"
+            label = f"{'auto: ' if name == 'auto' else ''}{layout}"
+            if "error" in r:
+                last = r["error"].strip().splitlines()[-1] if r["error"].strip() else "?"
+                print(f"| {model} | {label} | {o.memory / 2**30 if o else 0:.1f} | - | "
+                      f"failed: {last[:160]} |")  # fmt: skip
+                continue
+            print(
+                f"| {model} | {label} | {o.memory / 2**30 if o else 0:.1f} | "
+                f"{o.tokens_per_s if o else 0:,.0f} | {r['tokens_per_s']:,.0f} | "
+                f"{100 * r['mfu']:.1f}% | {r['peak_mem_gib']:.1f} | "
+                f"{100 * r['tokens_per_s'] / fastest:.1f}% |"
+            )
+        print(flush=True)
+
+
+if __name__ == "__main__":
+    main()
