@@ -16,7 +16,7 @@ import warnings
 
 from pipeline.runtime import children
 
-__version__ = "0.5.0"
+__version__ = "0.6.0"
 
 # megatron-core warns at import, in every process, that optional accelerators are absent;
 # the backends say what they use instead.
