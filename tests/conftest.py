@@ -63,9 +63,15 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(folder)
 
 
-# train=gpu with the micro-batch and recompute given, as the hand-worked figures of the planning
-# tests assume (auto would choose them for a GPU the test names)
-GPU_GIVEN = ("train=gpu", "train.micro_batch_size=8", "train.recompute=none")
+# train=gpu with the layout, micro-batch and recompute given, as the hand-worked figures of the
+# planning tests assume (auto would choose them for a GPU the test names)
+GPU_GIVEN = (
+    "train=gpu",
+    "train.micro_batch_size=8",
+    "train.recompute=none",
+    "parallel.tensor=1",
+    "parallel.pipeline=1",
+)
 
 
 def make_config(workdir: Path | str, *overrides: str, validate: bool = True) -> PipelineConfig:

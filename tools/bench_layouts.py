@@ -25,9 +25,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from tools.bench_train import VOCAB, StageRun, run_stage, stage_overrides  # noqa: E402
-
-AUTO = ["train.micro_batch_size=auto", "train.recompute=auto"]
+from tools.bench_train import AUTO, VOCAB, StageRun, run_stage, stage_overrides  # noqa: E402
 
 
 def planner_view(model: str, global_batch: int) -> tuple[list, int, str]:
@@ -39,20 +37,16 @@ def planner_view(model: str, global_batch: int) -> tuple[list, int, str]:
     overrides = stage_overrides(model, 1, global_batch, 10)
     cfg = compose("/tmp/unused", *[o for o in overrides if "micro_batch" not in o], *AUTO,
                   check=False)  # fmt: skip
-    capacity, _ = auto.gpu_capacity(cfg)
+    capacity, _, _ = auto.gpu_capacity(cfg)
     settled = auto.settle(cfg)
     return auto.options(cfg, VOCAB), capacity, settled.train.auto_choice
 
 
-def measured(workdir: Path, model: str, global_batch: int, extra: list[str], args) -> dict:
-    run = StageRun(model, global_batch, 1, extra)  # extra's micro-batch overrides this one
-    result = run_stage(workdir, run, args.steps, args.warmup, args.data)
-    config = (workdir / "config.yaml").read_text() if (workdir / "config.yaml").exists() else ""
-    for key in ("micro_batch_size", "recompute"):
-        found = [line.split(":", 1)[1].strip() for line in config.splitlines()
-                 if line.strip().startswith(f"{key}:")]  # fmt: skip
-        result[key] = found[0] if found else None
-    return result
+def measured(workdir: Path, model: str, micro: int | None, recompute: str, args) -> dict:
+    """The stage at this micro-batch and recompute (None, "auto": the planner's)."""
+    extra = [] if micro is None else [f"train.recompute={recompute}"]
+    run = StageRun(model, micro, args.global_batch, extra)
+    return run_stage(workdir, run, args.steps, args.warmup, args.data)
 
 
 def main() -> None:
@@ -71,9 +65,8 @@ def main() -> None:
         options, capacity, choice = planner_view(model, args.global_batch)
         print(f"# {model}: {choice}", flush=True)
         estimate = {(o.layout.micro_batch, o.layout.recompute): o for o in options}
-        rows = [("auto", measured(args.workdir / f"{model}-auto", model, args.global_batch,
-                                  AUTO, args))]  # fmt: skip
-        chosen = (int(rows[0][1]["micro_batch_size"] or 0), rows[0][1]["recompute"])
+        rows = [("auto", measured(args.workdir / f"{model}-auto", model, None, "auto", args))]
+        chosen = (rows[0][1].get("micro_batch_size"), rows[0][1].get("recompute"))
         others = [o for o in options if o.memory <= capacity and o.layout.recompute in
                   args.recompute and (o.layout.micro_batch, o.layout.recompute) != chosen]  # fmt: skip
         seen = set()
@@ -82,10 +75,9 @@ def main() -> None:
             if len(seen) == args.others or lo.micro_batch in seen:
                 continue
             seen.add(lo.micro_batch)
-            extra = [f"train.micro_batch_size={lo.micro_batch}", f"train.recompute={lo.recompute}"]
             name = f"mb{lo.micro_batch}-{lo.recompute}"
-            result = measured(args.workdir / f"{model}-{name}", model, args.global_batch, extra,
-                              args)  # fmt: skip
+            result = measured(args.workdir / f"{model}-{name}", model, lo.micro_batch,
+                              lo.recompute, args)  # fmt: skip
             rows.append((name, result))
         for name, result in rows:
             print(json.dumps({"model": model, "run": name, **result}), flush=True)
@@ -94,7 +86,7 @@ def main() -> None:
               "planned tokens/s | tokens/s | MFU | peak GiB | of the fastest |")  # fmt: skip
         print("|---|---|---|---|---|---|---|---|")
         for name, r in rows:
-            key = (int(r.get("micro_batch_size") or 0), r.get("recompute"))
+            key = (r.get("micro_batch_size") or 0, r.get("recompute"))
             o = estimate.get(key)
             layout = f"{key[0]} x {args.global_batch // max(1, key[0])}, {key[1]}"
             label = f"{'auto: ' if name == 'auto' else ''}{layout}"

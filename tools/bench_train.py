@@ -1,5 +1,6 @@
-"""Training throughput on a GPU host: the pipeline's real training stage beside Hugging Face
-transformers baselines of the same shape, measured in one run.
+"""Training throughput on a GPU host: the pipeline's real training stage beside a hand-written
+megatron-core loop (tools/megatron_loop.py) and Hugging Face transformers baselines of the same
+shape, measured in one run.
 
     python tools/bench_train.py --workdir /tmp/bench \
         --stage "gpt-1.3b mb=16 ga=4" --stage "gpt-1.3b mb=16 ga=4 train.precision=fp8" \
@@ -54,36 +55,55 @@ def stage_overrides(model: str, micro: int, global_batch: int, steps: int) -> li
     ]
 
 
+AUTO = ["train.micro_batch_size=auto", "train.recompute=auto"]
+
+
 @dataclass
 class StageRun:
-    """One --stage: model, micro-batch, accumulation and any other overrides."""
+    """One --stage: model, micro-batch (None: auto, the planner's), global batch and any other
+    overrides."""
 
     model: str
-    micro: int
-    accumulation: int
+    micro: int | None
+    global_batch: int
     extra: list[str]
 
     @classmethod
     def parse(cls, spec: str) -> StageRun:
+        """ "gpt-1.3b mb=16 ga=4 KEY=VALUE ...", or "gpt-1.3b mb=auto gb=64 ..."."""
         model, *rest = spec.split()
-        micro, accumulation, extra = 16, 4, []
+        micro, accumulation, global_batch, extra = "16", 4, None, []
         for item in rest:
             key, _, value = item.partition("=")
             if key == "mb":
-                micro = int(value)
+                micro = value
             elif key == "ga":
                 accumulation = int(value)
+            elif key == "gb":
+                global_batch = int(value)
             else:
                 extra.append(item)
-        return cls(model, micro, accumulation, extra)
+        if micro == "auto":
+            return cls(model, None, global_batch or 64, extra)
+        return cls(model, int(micro), global_batch or int(micro) * accumulation, extra)
 
     @property
     def label(self) -> str:
-        return " ".join([f"mb{self.micro}x{self.accumulation}", *self.extra]) or "default"
+        batch = f"auto gb{self.global_batch}" if self.micro is None else (
+            f"mb{self.micro}x{self.global_batch // self.micro}")  # fmt: skip
+        return " ".join([batch, *self.extra])
 
     def overrides(self, steps: int) -> list[str]:
-        gb = self.micro * self.accumulation
-        return [*stage_overrides(self.model, self.micro, gb, steps), *self.extra]
+        base = stage_overrides(self.model, self.micro or 1, self.global_batch, steps)
+        return [*base, *(AUTO if self.micro is None else []), *self.extra]
+
+
+def resolved(workdir: Path) -> dict:
+    """The micro-batch and recompute the run's config.yaml records (auto ones as chosen)."""
+    from pipeline.config import read
+
+    cfg = read(workdir / "config.yaml")
+    return {"micro_batch_size": cfg.train.micro_batch_size, "recompute": cfg.train.recompute}
 
 
 def planned_memory_gib(overrides: list[str]) -> float:
@@ -128,6 +148,7 @@ def run_stage(workdir: Path, run: StageRun, steps: int, warmup: int, data: Path)
         "losses": {r["step"]: r["loss"] for r in records if "loss" in r},
         "wall_s": time.time() - started,
         "command": " ".join(cmd[1:]),
+        **resolved(workdir),
     }
 
 
@@ -283,6 +304,18 @@ def baseline_subprocess(
     return json.loads(lines[-1]) if lines else {"error": proc.stderr[-1500:]}
 
 
+def megatron_subprocess(run: StageRun, micro: int, steps: int, warmup: int) -> dict:
+    """tools/megatron_loop.py at the stage row's batch (`micro`: as the stage ran it) and
+    precision."""
+    precision = "fp8" if "train.precision=fp8" in run.extra else "bf16"
+    cmd = [sys.executable, str(ROOT / "tools" / "megatron_loop.py"), "--model", run.model,
+           "--micro-batch", str(micro), "--accumulation", str(run.global_batch // micro),
+           "--precision", precision, "--steps", str(steps), "--warmup", str(warmup)]  # fmt: skip
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
+    return json.loads(lines[-1]) if lines else {"error": proc.stderr[-1500:]}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
@@ -295,7 +328,7 @@ def main() -> None:
     parser.add_argument("--hf-micro-batch", type=int, nargs="+", default=None)
     parser.add_argument("--steps", type=int, default=12)
     parser.add_argument("--warmup", type=int, default=3)
-    parser.add_argument("--baselines", nargs="*", default=["loop", "trainer"])
+    parser.add_argument("--baselines", nargs="*", default=["megatron", "loop", "trainer"])
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/bench-train"))
     parser.add_argument("--data", type=Path, help="a tokenized run folder (32k vocab) to reuse")
     parser.add_argument("--baseline", help=argparse.SUPPRESS)
@@ -325,8 +358,13 @@ def main() -> None:
         result = run_stage(args.workdir / f"stage-{index}", run, args.steps, args.warmup, data)
         rows.append((run.model, f"pipeline stage {run.label}", result))
         print(json.dumps({"model": run.model, "run": rows[-1][1], **result}), flush=True)
+        if "megatron" in args.baselines and "error" not in result:  # the same batch, by hand
+            result = megatron_subprocess(run, result["micro_batch_size"], args.steps, args.warmup)
+            rows.append((run.model, f"megatron-core loop {run.label}", result))
+            print(json.dumps({"model": run.model, "run": rows[-1][1], **result}), flush=True)
+    hf_kinds = [kind for kind in args.baselines if kind != "megatron"]
     for model in models:
-        for kind, micro in zip(args.baselines, args.hf_micro_batch or [16] * 2, strict=False):
+        for kind, micro in zip(hf_kinds, args.hf_micro_batch or [16] * 2, strict=False):
             result = baseline_subprocess(
                 kind, model, micro, args.steps, args.warmup, args.workdir / f"hf-{kind}-{model}"
             )

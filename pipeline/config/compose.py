@@ -118,7 +118,10 @@ def load(
         cfg = adjust(cfg)
     validate(cfg)
     if settle is not None:
-        cfg = settle(cfg)
+        settled = settle(cfg)
+        if settled is not cfg:  # the values it chose, checked as given ones are
+            validate(settled)
+        cfg = settled
     return derived.resolve(cfg)
 
 

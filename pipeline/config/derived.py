@@ -109,8 +109,8 @@ def batch(cfg: PipelineConfig) -> Batch:
 def resolve(cfg: PipelineConfig) -> PipelineConfig:
     """A copy of a validated config with train.micro_batch_size and train.grad_accum as the
     run uses them (see `batch`)."""
-    if cfg.train.recompute == AUTO:
-        raise ValueError("train.recompute=auto: not settled (pipeline.planning.auto)")
+    if AUTO in (cfg.train.recompute, cfg.parallel.tensor, cfg.parallel.pipeline):
+        raise ValueError("auto values not settled (pipeline.planning.auto)")
     b = batch(cfg)
     train = dataclasses.replace(cfg.train, micro_batch_size=b.micro, grad_accum=b.grad_accum)
     tokenizer = cfg.tokenizer

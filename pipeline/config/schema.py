@@ -100,8 +100,10 @@ class ModelConfig:
 
 @dataclass
 class ParallelConfig:
-    tensor: int = 1
-    pipeline: int = 1
+    # numbers, or auto (GPU runs): the planner picks them with the micro-batch
+    # (pipeline.planning.auto); with tensor=auto, sequence parallelism follows its choice
+    tensor: Any = 1
+    pipeline: Any = 1
     virtual_pipeline: int | None = None
     sequence_parallel: bool = False
     distributed_optimizer: bool = True
@@ -142,6 +144,10 @@ class TrainConfig:
     # TE's own SwiGLU/GeLU instead of megatron-core's fused bias-activation: +0.6% on gpt-1.3b,
     # the same loss curve
     te_activation: bool = True
+    # NVIDIA apex where it is installed (never the PyPI package named apex): megatron-core's
+    # gradient-accumulation fusion through its CUDA kernel, the output layer's included; false
+    # leaves it out (TE's GEMMs still accumulate theirs), for rows with and without it
+    apex: bool = True
     seed: int = 1234
     log_interval: int = 10
     # [first, last]: profile these steps (1-based) with torch.profiler into train/profile.txt

@@ -59,8 +59,8 @@ def validate(cfg: PipelineConfig) -> None:
 
 
 def _validate_batch(cfg: PipelineConfig) -> None:
-    """The micro-batch is a number or auto; the batch arithmetic holds (with auto: the global
-    batch splits over the data-parallel ranks; the planner then picks a divisor)."""
+    """The micro-batch is a number or auto; the batch arithmetic holds once the values it
+    needs are numbers (auto ones are chosen by the planner, then checked again)."""
     t = cfg.train
     micro = t.micro_batch_size
     _require(
@@ -69,19 +69,11 @@ def _validate_batch(cfg: PipelineConfig) -> None:
         f"{micro!r} is not a whole number or auto",
     )
     _require(
-        t.auto_choice is None,
-        "train.auto_choice",
-        "is set by the planner (what micro_batch_size/recompute=auto became), not a setting",
+        t.global_batch_size >= 1, "train.global_batch_size", f"{t.global_batch_size} must be >= 1"
     )
-    if micro != AUTO:
-        derived.batch(cfg)
+    if AUTO in (micro, cfg.parallel.tensor, cfg.parallel.pipeline):
         return
-    dp = derived.data_parallel_size(cfg)
-    _require(
-        t.global_batch_size >= 1 and t.global_batch_size % dp == 0,
-        "train.global_batch_size",
-        f"{t.global_batch_size} is not a positive multiple of the data-parallel size {dp}",
-    )
+    derived.batch(cfg)
 
 
 def _validate_train(cfg: PipelineConfig) -> None:
@@ -102,7 +94,7 @@ def _validate_train(cfg: PipelineConfig) -> None:
         _require(getattr(t, key) > 0, f"train.{key}", "must be positive")
     if t.eval_iters is not None:
         samples = ""
-        if t.micro_batch_size != AUTO:
+        if AUTO not in (t.micro_batch_size, cfg.parallel.tensor, cfg.parallel.pipeline):
             samples = f"={t.eval_iters * t.micro_batch_size * derived.data_parallel_size(cfg)}"
         raise ConfigError(
             "train.eval_iters: counts micro-batches, so runs with other micro-batch sizes would "
@@ -291,7 +283,12 @@ def _validate_model(cfg: PipelineConfig) -> None:
 
 def _validate_parallel(cfg: PipelineConfig) -> None:
     p, m = cfg.parallel, cfg.model
-    _require(p.tensor >= 1 and p.pipeline >= 1, "parallel", "tensor and pipeline must be >= 1")
+    for key in ("tensor", "pipeline"):
+        value = getattr(p, key)
+        number = isinstance(value, int) and not isinstance(value, bool) and value >= 1
+        _require(value == AUTO or number, f"parallel.{key}", f"{value!r} is not >= 1 or auto")
+    if AUTO in (p.tensor, p.pipeline):  # chosen by the planner, then checked again
+        return
     ws = derived.world_size(cfg.cluster)
     _require(
         ws % (p.tensor * p.pipeline) == 0,

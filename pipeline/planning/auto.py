@@ -1,13 +1,17 @@
-"""train.micro_batch_size=auto and train.recompute=auto: the planner's choice, made once when
-the config is loaded, before anything runs.
+"""The values left to the planner (auto): parallel.tensor, parallel.pipeline,
+train.micro_batch_size and train.recompute, chosen once when the config is loaded, before
+anything runs or is submitted.
 
-Within the configured parallel layout (tensor, pipeline, data-parallel size, precision), every
-micro-batch that divides the global batch over the data-parallel ranks, with each recompute
-mode, is estimated for memory (pipeline.planning.memory) and speed
-(pipeline.planning.throughput). Of those whose estimate leaves MARGIN of the GPU free, the
-fastest by the estimate is taken, or the one with the least memory among those within
-TIE of it: the estimate cannot tell such candidates apart, and the memory left over is worth
-more. The result, and why, is kept in train.auto_choice, printed at launch and in the log.
+Every open combination (tensor and pipeline sizes that divide the job's GPUs and the model,
+micro-batches that divide the global batch over the data-parallel ranks, each recompute mode)
+is estimated for memory (pipeline.planning.memory) and speed (pipeline.planning.throughput).
+Of those whose estimate leaves MARGIN of the GPU free, the fastest by the estimate is taken,
+with two allowances for what the estimate cannot tell apart: between parallel layouts within
+LAYOUT_TIE of the fastest, the one with the least model parallelism (tensor x pipeline), as its
+communication terms are the least certain part of the estimate; then between options within
+TIE, the one with the least memory, as the memory left over is worth more. A run that resumes keeps the tensor and
+pipeline sizes its checkpoint was saved with. The choice, and why, is kept in
+train.auto_choice, printed at launch and in the training log.
 """
 
 from __future__ import annotations
@@ -15,22 +19,25 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from pipeline.config import PipelineConfig
-from pipeline.config.derived import batch, data_parallel_size, trains_on_gpu
+from pipeline.config.derived import trains_on_gpu, world_size
 from pipeline.config.schema import AUTO
 from pipeline.core.errors import ConfigError
+from pipeline.core.paths import RunPaths
 from pipeline.data.datasets import vocab_size
 from pipeline.planning.memory import memory_per_gpu
 from pipeline.planning.parallel_layout import ParallelLayout
 from pipeline.planning.preflight import gpu_memory_gb
-from pipeline.planning.search import RECOMPUTE_MODES
+from pipeline.planning.search import RECOMPUTE_MODES, pipeline_problem, tensor_parallel_problem
 from pipeline.planning.throughput import expected_step
 from pipeline.planning.units import GIB
 from pipeline.runtime import gpus
+from pipeline.training.checkpoint_records import tracked_state
 
-# Kept free beyond the estimate: its error against torch's measured peak (tests/gpu, about
-# 5%), and what fragmentation and the caching allocator add in a long run.
+# Kept free beyond the estimate: its error against torch's measured peak (2-7% below it on
+# the H200, docs/benchmarks.md), and what fragmentation adds in a long run.
 MARGIN = 0.10
 TIE = 0.01  # estimates closer than this are not told apart
+LAYOUT_TIE = 0.05  # nor, for the parallel layout, closer than this
 CPU_MICRO_BATCH = 8  # ranks on CPUs: the most, up to this, that divides the batch
 
 
@@ -42,77 +49,135 @@ class Option:
 
 
 def wants_choice(cfg: PipelineConfig) -> bool:
-    return AUTO in (cfg.train.micro_batch_size, cfg.train.recompute)
+    values = (cfg.parallel.tensor, cfg.parallel.pipeline, cfg.train.micro_batch_size,
+              cfg.train.recompute)  # fmt: skip
+    return AUTO in values
 
 
-def gpu_capacity(cfg: PipelineConfig) -> tuple[int, str]:
-    """Bytes a training GPU holds, and what they were read from: cluster.gpu_memory_gb or
-    cluster.gpu, else (jobs run here) this machine's GPU."""
+def gpu_capacity(cfg: PipelineConfig) -> tuple[int, str, str | None]:
+    """Bytes a training GPU holds, what they were read from, and the GPU's name if known:
+    cluster.gpu_memory_gb or cluster.gpu, else (jobs run here) this machine's GPU."""
     given = gpu_memory_gb(cfg)
     if given:
         what = f"cluster.gpu={cfg.cluster.gpu}" if cfg.cluster.gpu else "cluster.gpu_memory_gb"
-        return gpus.capacity_bytes(given), what
+        return gpus.capacity_bytes(given), what, cfg.cluster.gpu
     local = gpus.local_gpu() if cfg.cluster.executor != "slurm" else None
     if local is None:
-        here = (
-            ""
-            if cfg.cluster.executor == "slurm"
-            else " (nvidia-smi finds none here: to run here, use train=cpu)"
-        )
+        here = "" if cfg.cluster.executor == "slurm" else (
+            " (nvidia-smi finds none here: to run here, use train=cpu)")  # fmt: skip
         raise ConfigError(
             f"train.micro_batch_size: auto needs the GPUs' memory{here}; set cluster.gpu "
-            "(H100, H200, ...) or cluster.gpu_memory_gb, or give train.micro_batch_size and "
-            "train.recompute"
+            "(H100, H200, ...) or cluster.gpu_memory_gb, or give train.micro_batch_size, "
+            "train.recompute, parallel.tensor and parallel.pipeline"
         )
     name, memory_gib = local
-    return int(memory_gib * GIB), f"this machine's {name}"
+    return int(memory_gib * GIB), f"this machine's {name}", name
 
 
-def micro_batches(cfg: PipelineConfig) -> list[int]:
-    """The micro-batches the config leaves open: the one given; the one train.grad_accum
-    fixes; else every divisor of the global batch's share of a data-parallel rank."""
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def parallel_layouts(cfg: PipelineConfig) -> tuple[list[tuple[int, int]], str]:
+    """The (tensor, pipeline) sizes left open, and why when a resume fixes them."""
+    p, m = cfg.parallel, cfg.model
+    if AUTO not in (p.tensor, p.pipeline):
+        return [(p.tensor, p.pipeline)], ""
+    gpus_ = world_size(cfg.cluster)
+    saved = (tracked_state(RunPaths.of(cfg.workdir)) or {}).get("layout")
+    if saved and gpus_ % (saved["tensor"] * saved["pipeline"]) == 0:
+        kept = (saved["tensor"], saved["pipeline"])
+        if all(
+            given in (AUTO, was) for given, was in zip((p.tensor, p.pipeline), kept, strict=True)
+        ):
+            return [kept], "as the checkpoint to resume was saved"
+    tensors = [p.tensor] if p.tensor != AUTO else [
+        t for t in _divisors(gpus_) if tensor_parallel_problem(m, t) is None]  # fmt: skip
+    pipelines = [p.pipeline] if p.pipeline != AUTO else [
+        q for q in _divisors(gpus_) if pipeline_problem(m, q * (p.virtual_pipeline or 1)) is None
+        or q == 1]  # fmt: skip
+    return [(t, q) for t in tensors for q in pipelines if gpus_ % (t * q) == 0], ""
+
+
+def laid_out(cfg: PipelineConfig, tensor: int, pipeline: int) -> PipelineConfig:
+    """The config under this tensor and pipeline size; sequence parallelism on with tensor
+    parallelism when the planner chose it, virtual stages only with pipeline stages."""
+    p = cfg.parallel
+    sequence = tensor > 1 if p.tensor == AUTO else p.sequence_parallel
+    virtual = p.virtual_pipeline if pipeline > 1 else None
+    return replace(cfg, parallel=replace(p, tensor=tensor, pipeline=pipeline,
+                                         sequence_parallel=sequence, virtual_pipeline=virtual))  # fmt: skip
+
+
+def micro_batches(cfg: PipelineConfig, data: int, fixed_layout: bool) -> list[int]:
+    """The micro-batches open for `data` data-parallel ranks: the one given, the one a given
+    train.grad_accum fixes, else every divisor of a rank's share of the global batch.
+    `fixed_layout`: the layout is the user's, so a batch that does not split is their error."""
     t = cfg.train
+    if t.global_batch_size % data:
+        return []
+    per_rank = t.global_batch_size // data
+    if t.grad_accum is not None and (t.micro_batch_size == AUTO or t.hold_global_batch):
+        if per_rank % t.grad_accum == 0:
+            return [per_rank // t.grad_accum]
+        if fixed_layout:
+            raise ConfigError(
+                f"train.grad_accum: {t.grad_accum} does not divide the {per_rank} sequences of "
+                f"train.global_batch_size={t.global_batch_size} per data-parallel rank"
+            )
+        return []
     if t.micro_batch_size != AUTO:
-        return [batch(cfg).micro]
-    per_rank = t.global_batch_size // data_parallel_size(cfg)
-    if t.grad_accum is None:
-        return [m for m in range(1, per_rank + 1) if per_rank % m == 0]
-    if per_rank % t.grad_accum:
-        raise ConfigError(
-            f"train.grad_accum: {t.grad_accum} does not divide the {per_rank} sequences of "
-            f"train.global_batch_size={t.global_batch_size} per data-parallel rank"
-        )
-    return [per_rank // t.grad_accum]
+        fits = per_rank % t.micro_batch_size == 0
+        matches = t.grad_accum is None or per_rank == t.micro_batch_size * t.grad_accum
+        return [t.micro_batch_size] if fits and matches or fixed_layout else []
+    return _divisors(per_rank)
 
 
-def options(cfg: PipelineConfig, vocab: int) -> list[Option]:
-    """Every micro-batch and recompute mode the config leaves open, with its estimates,
-    fastest first."""
+def options(cfg: PipelineConfig, vocab: int, peak: float | None = None) -> list[Option]:
+    """Every open combination with its estimates, fastest first (`peak`: the GPU's TFLOP/s,
+    which weighs compute against communication; H100/H200's when unknown)."""
     t = cfg.train
-    per_rank = t.global_batch_size // data_parallel_size(cfg)
     modes = RECOMPUTE_MODES if t.recompute == AUTO else (t.recompute,)
-    one = replace(t, micro_batch_size=1, grad_accum=per_rank, recompute="none")
-    base = ParallelLayout.of(replace(cfg, train=one))
+    layouts, _ = parallel_layouts(cfg)
     found = []
-    for micro in micro_batches(cfg):
-        for mode in modes:
-            layout = replace(base, micro_batch=micro, grad_accum=per_rank // micro, recompute=mode)
-            memory = memory_per_gpu(cfg.model, vocab, layout)["total"]
-            speed = expected_step(cfg, vocab, layout)["tokens_per_s_per_gpu"]
-            found.append(Option(layout, memory, speed))
+    for tensor, pipeline in layouts:
+        shaped = laid_out(cfg, tensor, pipeline)
+        data = world_size(cfg.cluster) // (tensor * pipeline)
+        for micro in micro_batches(cfg, data, fixed_layout=len(layouts) == 1):
+            per_rank = t.global_batch_size // data
+            one = replace(t, micro_batch_size=micro, grad_accum=per_rank // micro,
+                          recompute="none")  # fmt: skip
+            base = ParallelLayout.of(replace(shaped, train=one))
+            for mode in modes:
+                layout = replace(base, recompute=mode)
+                memory = memory_per_gpu(cfg.model, vocab, layout)["total"]
+                speed = expected_step(shaped, vocab, layout, cfg.cluster.gpus_per_node or 8,
+                                      peak or 989.0)["tokens_per_s_per_gpu"]  # fmt: skip
+                found.append(Option(layout, memory, speed))
     return sorted(found, key=lambda o: (-o.tokens_per_s, o.memory))
 
 
 def choose(found: list[Option], capacity: int) -> tuple[Option, Option, Option | None]:
-    """For GPUs of `capacity` bytes, among `found` (fastest first): the choice, the fastest
-    that fits (the choice, or one within TIE of it with more memory), and the one of least
-    memory among those faster than that which do not fit (None if there is none)."""
+    """For GPUs of `capacity` bytes, among `found` (fastest first) of the least model
+    parallelism within LAYOUT_TIE of the fastest that fits: the choice, the fastest that fits (the choice, or one within TIE
+    of it with more memory), and the one of least memory among those faster than that which
+    do not fit (None if there is none)."""
+    if not found:
+        raise ConfigError(
+            "train.global_batch_size: no parallel layout and micro-batch divide it over the "
+            "job's GPUs; give parallel.tensor, parallel.pipeline and train.micro_batch_size"
+        )
     limit = capacity * (1 - MARGIN)
     fits = [o for o in found if o.memory <= limit]
-    if not fits:
+    if fits:  # of the layouts about as fast as the fastest, the least model parallelism
+        near = [o for o in fits if o.tokens_per_s >= fits[0].tokens_per_s * (1 - LAYOUT_TIE)]
+        least = min(o.layout.tensor * o.layout.pipeline for o in near)
+        found = [o for o in found if o.layout.tensor * o.layout.pipeline == least]
+        fits = [o for o in fits if o.layout.tensor * o.layout.pipeline == least]
+    else:
         least = min(found, key=lambda o: o.memory)
         raise ConfigError(
-            f"train.micro_batch_size: auto found no micro-batch and recompute that fit "
+            f"train.micro_batch_size: auto found no layout, micro-batch and recompute that fit "
             f"{capacity / GIB:.1f} GiB with {MARGIN:.0%} to spare (the least, "
             f"{least.layout.describe()}, needs ~{least.memory / GIB:.1f} GiB); use more GPUs "
             "(parallel.tensor, parallel.pipeline) or a smaller model"
@@ -129,43 +194,68 @@ def _name(option: Option) -> str:
 
 
 def settle(cfg: PipelineConfig) -> PipelineConfig:
-    """The config with train.micro_batch_size and train.recompute as the planner chooses them
-    where they are auto, and train.auto_choice saying what and why; others unchanged."""
+    """The config with the auto values as the planner chooses them, and train.auto_choice
+    saying what and why; a config without auto values unchanged."""
+    if cfg.train.auto_choice is not None:
+        raise ConfigError(
+            "train.auto_choice: is set by the planner (what the auto values became), not a setting"
+        )
     if not wants_choice(cfg):
         return cfg
-    t = cfg.train
-    if not trains_on_gpu(cfg):  # no speed model of CPU ranks: the CPU default
-        open_ = micro_batches(cfg)
-        micro = max([m for m in open_ if m <= CPU_MICRO_BATCH] or [min(open_)])
-        recompute = "none" if t.recompute == AUTO else t.recompute
-        why = f"micro-batch {micro}, recompute {recompute} (CPU ranks: up to {CPU_MICRO_BATCH})"
-        return _with(cfg, micro, recompute, why)
-    capacity, source = gpu_capacity(cfg)
+    if not trains_on_gpu(cfg):
+        return _on_cpu(cfg)
+    capacity, source, name = gpu_capacity(cfg)
     vocab = vocab_size(cfg)[0]
-    chosen, best, too_big = choose(options(cfg, vocab), capacity)
+    peak = gpus.peak_tflops(name or "", cfg.train.precision)
+    chosen, best, too_big = choose(options(cfg, vocab, peak), capacity)
+    layouts, kept = parallel_layouts(cfg)
+    layout_open = AUTO in (cfg.parallel.tensor, cfg.parallel.pipeline)
     lo = chosen.layout
+    why_layout = kept or (f"the least model parallelism within {LAYOUT_TIE:.0%} of the fastest"
+                          if len(layouts) > 1 else "the only layout")  # fmt: skip
+    where = f"TP={lo.tensor} PP={lo.pipeline} DP={lo.data} ({why_layout})"
     why = (
-        f"micro-batch {lo.micro_batch} x accumulation {lo.grad_accum}, recompute "
-        f"{lo.recompute} (~{chosen.memory / GIB:.1f} GiB): of those needing at most "
-        f"{1 - MARGIN:.0%} of {capacity / GIB:.1f} GiB ({source}), the fastest by the "
-        "planner's estimate"
+        f"{where + ', ' if layout_open else ''}micro-batch {lo.micro_batch} x accumulation "
+        f"{lo.grad_accum}, recompute {lo.recompute} (~{chosen.memory / GIB:.1f} GiB): of those "
+        f"needing at most {1 - MARGIN:.0%} of {capacity / GIB:.1f} GiB ({source}), the fastest "
+        "by the planner's estimate"
     )
     if best is not chosen:
         gain = best.tokens_per_s / chosen.tokens_per_s - 1
         why += (
-            f"; {_name(best)} is estimated {gain:.1%} faster, within {TIE:.0%} (taken as "
-            f"equal), and needs ~{best.memory / GIB:.1f} GiB"
+            f"; {_name(best)} is estimated {gain:.1%} faster, within {TIE:.0%} "
+            f"(taken as equal), and needs ~{best.memory / GIB:.1f} GiB"
         )
     if too_big is not None:
         why += f"; {_name(too_big)} would need ~{too_big.memory / GIB:.1f} GiB"
-    return _with(cfg, lo.micro_batch, lo.recompute, why)
+    return _with(laid_out(cfg, lo.tensor, lo.pipeline), cfg, lo.micro_batch, lo.recompute, why)
 
 
-def _with(cfg: PipelineConfig, micro: int, recompute: str, why: str) -> PipelineConfig:
-    t = cfg.train
-    asked = [f"{k}=auto" for k, v in (("micro_batch_size", t.micro_batch_size),
-                                      ("recompute", t.recompute)) if v == AUTO]  # fmt: skip
-    train = replace(
-        t, micro_batch_size=micro, recompute=recompute, auto_choice=f"{', '.join(asked)}: {why}"
-    )
-    return replace(cfg, train=train)
+def _on_cpu(cfg: PipelineConfig) -> PipelineConfig:
+    """CPU ranks: no model of their speed; data parallelism, and the CPU default micro-batch."""
+    shaped = laid_out(cfg, *(1 if v == AUTO else v for v in (cfg.parallel.tensor,
+                                                              cfg.parallel.pipeline)))  # fmt: skip
+    data = world_size(cfg.cluster) // (shaped.parallel.tensor * shaped.parallel.pipeline)
+    open_ = micro_batches(cfg, data, fixed_layout=True) or [1]
+    micro = max([m for m in open_ if m <= CPU_MICRO_BATCH] or [min(open_)])
+    recompute = "none" if cfg.train.recompute == AUTO else cfg.train.recompute
+    p = shaped.parallel
+    where = f"TP={p.tensor} PP={p.pipeline}, " if AUTO in (cfg.parallel.tensor,
+                                                           cfg.parallel.pipeline) else ""  # fmt: skip
+    why = f"{where}micro-batch {micro}, recompute {recompute} (CPU ranks: up to {CPU_MICRO_BATCH})"
+    return _with(shaped, cfg, micro, recompute, why)
+
+
+def _with(
+    shaped: PipelineConfig, asked: PipelineConfig, micro: int, recompute: str, why: str
+) -> PipelineConfig:
+    keys = {
+        "parallel.tensor": asked.parallel.tensor,
+        "parallel.pipeline": asked.parallel.pipeline,
+        "train.micro_batch_size": asked.train.micro_batch_size,
+        "train.recompute": asked.train.recompute,
+    }
+    named = ", ".join(f"{key}=auto" for key, value in keys.items() if value == AUTO)
+    train = replace(shaped.train, micro_batch_size=micro, recompute=recompute,
+                    auto_choice=f"{named}: {why}")  # fmt: skip
+    return replace(shaped, train=train)

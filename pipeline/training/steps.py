@@ -38,6 +38,7 @@ NOT_SETTINGS = (
     "device",
     "wgrad_fusion",
     "te_activation",
+    "apex",
     "log_interval",
     "profile_steps",
     "threads",

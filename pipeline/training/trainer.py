@@ -238,6 +238,9 @@ class Trainer(Engine):
         """train/ranks.json: for each attempt, the step it started from and where each rank ran."""
         ranks = self.placement()
         self._log(f"[train] {placement.describe(ranks)}")
+        kernels = self.backend.kernels(self.cfg)
+        self._log(f"[train] kernels: {kernels}")
+        self.metrics.record({"step": self.state.step, "kernels": kernels})
         if self.cfg.train.auto_choice:
             self._log(f"[train] {self.cfg.train.auto_choice}")
         if self.rank.is_first:

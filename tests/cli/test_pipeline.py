@@ -84,6 +84,7 @@ def test_subprocess_executor_runs_the_array_and_two_gloo_ranks(tmp_path):
     # rank 0's lines, followed from its log as they are written
     assert "step 20/20 | loss" in two_ranks.stderr
     assert "[train] 2 ranks on 1 node" in two_ranks.stderr
+    assert "[train] kernels: megatron-core's local layers on the CPU" in two_ranks.stderr
 
     def curve(run: Path) -> list[float]:
         lines = (run / "train" / "metrics.jsonl").read_text().splitlines()

@@ -188,6 +188,24 @@ def test_fp8_runs_and_tracks_bf16(bf16_run, data_dir, tmp_path, recipe):
     assert all(abs(a[s] - b[s]) <= 0.03 * a[s] for s in tail), (a, b)
 
 
+def kernels(workdir: Path) -> str:
+    lines = (workdir / "train" / "metrics.jsonl").read_text().splitlines()
+    return [r["kernels"] for r in map(json.loads, lines) if "kernels" in r][-1]
+
+
+def test_apex_accumulates_weight_gradients_and_tracks_the_curve_without_it(
+    bf16_run, data_dir, tmp_path
+):
+    pytest.importorskip("fused_weight_gradient_mlp_cuda", reason="NVIDIA apex is not installed")
+    run = bf16_run[0]
+    assert "apex's fused kernel" in kernels(run), kernels(run)
+    without = with_data(data_dir, tmp_path / "no-apex")
+    pipeline(without, "stages=[tokenize,train]", "train.apex=false")
+    assert "apex off: train.apex=false" in kernels(without), kernels(without)
+    # the same sums, accumulated by another kernel: rounding apart, the same curve
+    assert close(curve(run), curve(without), rtol=1e-2), (curve(run), curve(without))
+
+
 def test_profiled_steps_show_where_device_time_goes(data_dir, tmp_path):
     run = with_data(data_dir, tmp_path / "profiled")
     pipeline(run, "stages=[tokenize,train]", "train.steps=8", "train.profile_steps=[5,6]")

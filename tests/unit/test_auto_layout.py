@@ -1,9 +1,11 @@
-"""train.micro_batch_size=auto and train.recompute=auto: the planner's choice fits the GPU with
-its margin and no option it left out is both faster by the estimate and within the margin;
-explicit values win; what cannot be chosen is refused in one line naming the key."""
+"""The values left to the planner (auto): the choice fits the GPU with its margin, nothing it
+left out is faster beyond what it treats as equal, several GPUs get a layout, a resume keeps
+its checkpoint's layout, explicit values win, and what cannot be chosen is refused in one line
+naming the key."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 
 import pytest
@@ -16,23 +18,58 @@ from pipeline.runtime.gpus import capacity_bytes
 from tests.conftest import make_config
 
 H200 = ("train=gpu", "cluster=slurm", "cluster.gpus_per_node=1", "cluster.gpu=H200")
+H100_NODE = ("train=gpu", "cluster=slurm", "cluster.gpus_per_node=8", "cluster.gpu=H100")
+ALL_AUTO = "parallel.tensor=auto, parallel.pipeline=auto, train.micro_batch_size=auto, "
+
+
+def chosen_against_options(tmp_path, *overrides: str) -> tuple[auto.Option, list[auto.Option]]:
+    cfg = make_config(tmp_path, *overrides)
+    typed = make_config(tmp_path, *overrides, validate=False)
+    options = auto.options(typed, vocab_size(typed)[0])  # the vocabulary settle plans for
+    picked = next(o for o in options if o.layout == ParallelLayout.of(cfg))
+    return picked, options
 
 
 @pytest.mark.parametrize("model", ["gpt-350m", "gpt-1.3b", "gpt-2.7b"])
 def test_the_choice_fits_with_the_margin_and_nothing_left_out_is_faster(model, tmp_path):
-    cfg = make_config(tmp_path, *H200, f"model={model}", "train.global_batch_size=64")
-    typed = make_config(tmp_path, *H200, f"model={model}", "train.global_batch_size=64",
-                        validate=False)  # fmt: skip
-    options = auto.options(typed, vocab_size(typed)[0])  # the vocabulary settle plans for
+    picked, options = chosen_against_options(
+        tmp_path, *H200, f"model={model}", "train.global_batch_size=64"
+    )
     limit = capacity_bytes(141) * (1 - auto.MARGIN)
-    chosen = ParallelLayout.of(cfg)
-    picked = next(o for o in options if o.layout == chosen)
     assert picked.memory <= limit
     for other in options:
         if other.tokens_per_s > picked.tokens_per_s * (1 + auto.TIE):
             assert other.memory > limit, other.layout.describe()
-    assert cfg.train.auto_choice.startswith("micro_batch_size=auto, recompute=auto: micro-batch ")
+    cfg = make_config(tmp_path, *H200, f"model={model}", "train.global_batch_size=64")
+    assert cfg.train.auto_choice.startswith(f"{ALL_AUTO}train.recompute=auto: TP=1 PP=1 DP=1")
     assert "cluster.gpu=H200" in cfg.train.auto_choice
+
+
+def test_several_gpus_get_the_least_model_parallelism_about_as_fast_as_the_fastest(tmp_path):
+    picked, options = chosen_against_options(tmp_path, *H100_NODE, "model=llama-8b")
+    limit = capacity_bytes(80) * (1 - auto.MARGIN)
+    fits = [o for o in options if o.memory <= limit]
+    near = [o for o in fits if o.tokens_per_s >= fits[0].tokens_per_s * (1 - auto.LAYOUT_TIE)]
+    model_parallel = lambda o: o.layout.tensor * o.layout.pipeline  # noqa: E731
+    assert picked.memory <= limit and picked in near
+    assert model_parallel(picked) == min(map(model_parallel, near)) > 1  # 8B needs some
+    small = make_config(tmp_path, *H100_NODE, "model=gpt-350m")
+    assert (small.parallel.tensor, small.parallel.pipeline) == (1, 1)  # data parallel alone
+
+
+def test_a_resume_keeps_the_layout_its_checkpoint_was_saved_with(tmp_path):
+    saved = tmp_path / "checkpoints" / "iter_0000100"
+    saved.mkdir(parents=True)
+    layout = {"tensor": 2, "pipeline": 1, "virtual_pipeline": None}
+    (saved / "state.json").write_text(json.dumps({"step": 100, "layout": layout}))
+    (tmp_path / "checkpoints" / "latest.txt").write_text("iter_0000100\n")
+    cfg = make_config(tmp_path, *H100_NODE, "model=gpt-1.3b")
+    assert (cfg.parallel.tensor, cfg.parallel.pipeline, cfg.parallel.sequence_parallel) == (
+        2,
+        1,
+        True,
+    )
+    assert "TP=2 PP=1 DP=4 (as the checkpoint to resume was saved)" in cfg.train.auto_choice
 
 
 def test_a_bigger_gpu_gets_a_bigger_micro_batch(tmp_path):
@@ -54,12 +91,26 @@ def test_within_the_tie_the_option_with_less_memory_is_taken():
 
 
 def test_explicit_values_win(tmp_path):
-    given = make_config(tmp_path, *H200, "model=gpt-1.3b", "train.micro_batch_size=2")
+    given = make_config(
+        tmp_path, *H200, "model=gpt-1.3b", "train.micro_batch_size=2", "parallel.tensor=1"
+    )
     assert given.train.micro_batch_size == 2 and given.train.recompute == "none"
-    assert given.train.auto_choice.startswith("recompute=auto: micro-batch 2 x accumulation 128")
+    assert given.train.auto_choice.startswith(
+        "parallel.pipeline=auto, train.recompute=auto: TP=1 PP=1 DP=1 (the only layout), "
+        "micro-batch 2 x accumulation 128"
+    )
     full = make_config(tmp_path, *H200, "model=gpt-2.7b", "train.recompute=full")
     assert full.train.recompute == "full" and full.train.micro_batch_size > 8
-    neither = make_config(tmp_path, *H200, "train.micro_batch_size=4", "train.recompute=none")
+    tensor = make_config(tmp_path, *H100_NODE, "model=gpt-1.3b", "parallel.tensor=4")
+    assert tensor.parallel.tensor == 4 and tensor.parallel.sequence_parallel is False
+    neither = make_config(
+        tmp_path,
+        *H200,
+        "train.micro_batch_size=4",
+        "train.recompute=none",
+        "parallel.tensor=1",
+        "parallel.pipeline=1",
+    )
     assert neither.train.auto_choice is None
 
 
@@ -74,7 +125,7 @@ def test_cpu_ranks_get_the_cpu_default(tmp_path):
     cfg = make_config(tmp_path, "train.micro_batch_size=auto", "train.global_batch_size=36")
     assert (cfg.train.micro_batch_size, cfg.train.grad_accum) == (6, 6)
     assert cfg.train.auto_choice == (
-        "micro_batch_size=auto: micro-batch 6, recompute none (CPU ranks: up to 8)"
+        "train.micro_batch_size=auto: micro-batch 6, recompute none (CPU ranks: up to 8)"
     )
 
 
@@ -87,9 +138,11 @@ def test_cpu_ranks_get_the_cpu_default(tmp_path):
         ),
         (
             [*H200, "model=llama-8b", "cluster.gpu=L4"],
-            "train.micro_batch_size: auto found no micro-batch and recompute that fit 24.0 GiB",
+            "train.micro_batch_size: auto found no layout, micro-batch and recompute that fit "
+            "24.0 GiB",
         ),
         (["train.micro_batch_size=abc"], "train.micro_batch_size: 'abc' is not a whole number"),
+        (["parallel.tensor=0"], "parallel.tensor: 0 is not >= 1 or auto"),
         (["train.recompute=some"], "train.recompute: 'some' is not one of none, selective"),
         (["train.auto_choice=x"], "train.auto_choice: is set by the planner"),
     ],

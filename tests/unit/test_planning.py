@@ -295,6 +295,8 @@ def test_summary_lines_for_the_launcher(tmp_path):
 GPU_SLURM = [
     "train=gpu",
     "train.recompute=none",
+    "parallel.tensor=1",
+    "parallel.pipeline=1",
     "cluster=slurm",
     "cluster.gpus_per_node=8",
     "cluster.gpu=H100",

@@ -222,6 +222,9 @@ class CpuBackend:
     name = names.CPU
     device = torch.device("cpu")
 
+    def kernels(self, cfg: PipelineConfig) -> str:
+        return "megatron-core's local layers on the CPU"
+
     def transformer_options(self, cfg: PipelineConfig) -> dict[str, Any]:
         if cfg.train.precision != "fp32":
             raise ValueError(f"train.precision={cfg.train.precision} needs a GPU; use fp32 on CPU")

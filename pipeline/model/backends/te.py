@@ -64,7 +64,7 @@ class TransformerEngineBackend:
             apply_rope_fusion=cfg.model.position_embedding == "rope",
             cross_entropy_loss_fusion=True,
             cross_entropy_fusion_impl="te",
-            gradient_accumulation_fusion=_apex_available(),
+            gradient_accumulation_fusion=t.apex and _apex_available(),
             deallocate_pipeline_outputs=True,
         )
         if t.te_activation:  # TE's activation kernels replace megatron-core's bias fusion
@@ -77,6 +77,22 @@ class TransformerEngineBackend:
                 fp8_amax_compute_algo="max",
             )
         return options
+
+    def kernels(self, cfg: PipelineConfig) -> str:
+        import transformer_engine
+
+        t = cfg.train
+        if t.apex and _apex_available():
+            wgrad = "apex's fused kernel (megatron-core's gradient-accumulation fusion)"
+        elif t.wgrad_fusion:
+            apex = "not installed" if t.apex else "off: train.apex=false"
+            wgrad = f"Transformer Engine's GEMMs (apex {apex})"
+        else:
+            wgrad = "a separate add (train.wgrad_fusion=false, no apex)"
+        return (
+            f"Transformer Engine {transformer_engine.__version__}; weight gradients accumulated "
+            f"into fp32 by {wgrad}"
+        )
 
     def layer_spec(self, cfg: PipelineConfig, config, vp_stage: int | None):
         from megatron.core.models.gpt.gpt_layer_specs import (
