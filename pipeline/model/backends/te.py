@@ -89,10 +89,8 @@ class TransformerEngineBackend:
             wgrad = f"Transformer Engine's GEMMs (apex {apex})"
         else:
             wgrad = "a separate add (train.wgrad_fusion=false, no apex)"
-        return (
-            f"Transformer Engine {transformer_engine.__version__}; weight gradients accumulated "
-            f"into fp32 by {wgrad}"
-        )
+        version = getattr(transformer_engine, "__version__", "(version unknown)")
+        return f"Transformer Engine {version}; weight gradients accumulated into fp32 by {wgrad}"
 
     def layer_spec(self, cfg: PipelineConfig, config, vp_stage: int | None):
         from megatron.core.models.gpt.gpt_layer_specs import (
