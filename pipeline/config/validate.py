@@ -71,6 +71,14 @@ def _validate_batch(cfg: PipelineConfig) -> None:
     _require(
         t.global_batch_size >= 1, "train.global_batch_size", f"{t.global_batch_size} must be >= 1"
     )
+    if AUTO in (cfg.parallel.tensor, cfg.parallel.pipeline):
+        gpus = derived.world_size(cfg.cluster)
+        _require(  # data parallelism alone must be open to the planner
+            t.global_batch_size % gpus == 0,
+            "train.global_batch_size",
+            f"{t.global_batch_size} does not split over the job's {gpus} GPUs; give a multiple "
+            "of it, or give parallel.tensor and parallel.pipeline",
+        )
     if AUTO in (micro, cfg.parallel.tensor, cfg.parallel.pipeline):
         return
     derived.batch(cfg)

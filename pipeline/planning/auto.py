@@ -61,6 +61,12 @@ def gpu_capacity(cfg: PipelineConfig) -> tuple[int, str, str | None]:
     if given:
         what = f"cluster.gpu={cfg.cluster.gpu}" if cfg.cluster.gpu else "cluster.gpu_memory_gb"
         return gpus.capacity_bytes(given), what, cfg.cluster.gpu
+    if cfg.cluster.gpu:  # named, and not one the planner knows the memory of
+        known = ", ".join(gpus.GPUS)
+        raise ConfigError(
+            f"cluster.gpu: {cfg.cluster.gpu} is not a GPU the planner knows ({known}); set "
+            "cluster.gpu_memory_gb for the auto values, or give them"
+        )
     local = gpus.local_gpu() if cfg.cluster.executor != "slurm" else None
     if local is None:
         here = "" if cfg.cluster.executor == "slurm" else (

@@ -141,6 +141,14 @@ def test_cpu_ranks_get_the_cpu_default(tmp_path):
             "train.micro_batch_size: auto found no layout, micro-batch and recompute that fit "
             "24.0 GiB",
         ),
+        (
+            [*H100_NODE, "train.global_batch_size=12"],
+            "train.global_batch_size: 12 does not split over the job's 8 GPUs",
+        ),
+        (
+            ["train=gpu", "cluster=slurm", "cluster.gpus_per_node=1", "cluster.gpu=H2000"],
+            "cluster.gpu: H2000 is not a GPU the planner knows (H200, H100,",
+        ),
         (["train.micro_batch_size=abc"], "train.micro_batch_size: 'abc' is not a whole number"),
         (["parallel.tensor=0"], "parallel.tensor: 0 is not >= 1 or auto"),
         (["train.recompute=some"], "train.recompute: 'some' is not one of none, selective"),
