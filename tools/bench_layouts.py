@@ -34,9 +34,8 @@ def planner_view(model: str, global_batch: int) -> tuple[list, int, str]:
     from pipeline.config import compose
     from pipeline.planning import auto
 
-    overrides = stage_overrides(model, 1, global_batch, 10)
-    cfg = compose("/tmp/unused", *[o for o in overrides if "micro_batch" not in o], *AUTO,
-                  check=False)  # fmt: skip
+    overrides = [o for o in stage_overrides(model, 1, global_batch, 10) if "micro_batch" not in o]
+    cfg = compose("/tmp/unused", *overrides, *AUTO, check=False)
     capacity, _, _ = auto.gpu_capacity(cfg)
     settled = auto.settle(cfg)
     return auto.options(cfg, VOCAB), capacity, settled.train.auto_choice
@@ -67,8 +66,13 @@ def main() -> None:
         estimate = {(o.layout.micro_batch, o.layout.recompute): o for o in options}
         rows = [("auto", measured(args.workdir / f"{model}-auto", model, None, "auto", args))]
         chosen = (rows[0][1].get("micro_batch_size"), rows[0][1].get("recompute"))
-        others = [o for o in options if o.memory <= capacity and o.layout.recompute in
-                  args.recompute and (o.layout.micro_batch, o.layout.recompute) != chosen]  # fmt: skip
+        others = [
+            o
+            for o in options
+            if o.memory <= capacity
+            and o.layout.recompute in args.recompute
+            and (o.layout.micro_batch, o.layout.recompute) != chosen
+        ]
         seen = set()
         for option in others:
             lo = option.layout
@@ -76,8 +80,8 @@ def main() -> None:
                 continue
             seen.add(lo.micro_batch)
             name = f"mb{lo.micro_batch}-{lo.recompute}"
-            result = measured(args.workdir / f"{model}-{name}", model, lo.micro_batch,
-                              lo.recompute, args)  # fmt: skip
+            folder = args.workdir / f"{model}-{name}"
+            result = measured(folder, model, lo.micro_batch, lo.recompute, args)
             rows.append((name, result))
         for name, result in rows:
             print(json.dumps({"model": model, "run": name, **result}), flush=True)

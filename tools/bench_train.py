@@ -89,8 +89,10 @@ class StageRun:
 
     @property
     def label(self) -> str:
-        batch = f"auto gb{self.global_batch}" if self.micro is None else (
-            f"mb{self.micro}x{self.global_batch // self.micro}")  # fmt: skip
+        if self.micro is None:
+            batch = f"auto gb{self.global_batch}"
+        else:
+            batch = f"mb{self.micro}x{self.global_batch // self.micro}"
         return " ".join([batch, *self.extra])
 
     def overrides(self, steps: int) -> list[str]:

@@ -49,9 +49,8 @@ class Option:
 
 
 def wants_choice(cfg: PipelineConfig) -> bool:
-    values = (cfg.parallel.tensor, cfg.parallel.pipeline, cfg.train.micro_batch_size,
-              cfg.train.recompute)  # fmt: skip
-    return AUTO in values
+    p, t = cfg.parallel, cfg.train
+    return AUTO in (p.tensor, p.pipeline, t.micro_batch_size, t.recompute)
 
 
 def gpu_capacity(cfg: PipelineConfig) -> tuple[int, str, str | None]:
@@ -69,8 +68,8 @@ def gpu_capacity(cfg: PipelineConfig) -> tuple[int, str, str | None]:
         )
     local = gpus.local_gpu() if cfg.cluster.executor != "slurm" else None
     if local is None:
-        here = "" if cfg.cluster.executor == "slurm" else (
-            " (nvidia-smi finds none here: to run here, use train=cpu)")  # fmt: skip
+        here = " (nvidia-smi finds none here: to run here, use train=cpu)"
+        here = "" if cfg.cluster.executor == "slurm" else here
         raise ConfigError(
             f"train.micro_batch_size: auto needs the GPUs' memory{here}; set cluster.gpu "
             "(H100, H200, ...) or cluster.gpu_memory_gb, or give train.micro_batch_size, "
@@ -97,11 +96,12 @@ def parallel_layouts(cfg: PipelineConfig) -> tuple[list[tuple[int, int]], str]:
             given in (AUTO, was) for given, was in zip((p.tensor, p.pipeline), kept, strict=True)
         ):
             return [kept], "as the checkpoint to resume was saved"
-    tensors = [p.tensor] if p.tensor != AUTO else [
-        t for t in _divisors(gpus_) if tensor_parallel_problem(m, t) is None]  # fmt: skip
-    pipelines = [p.pipeline] if p.pipeline != AUTO else [
-        q for q in _divisors(gpus_) if pipeline_problem(m, q * (p.virtual_pipeline or 1)) is None
-        or q == 1]  # fmt: skip
+    tensors, pipelines = [p.tensor], [p.pipeline]
+    if p.tensor == AUTO:
+        tensors = [t for t in _divisors(gpus_) if tensor_parallel_problem(m, t) is None]
+    if p.pipeline == AUTO:  # virtual stages only with pipeline stages (laid_out)
+        stages = p.virtual_pipeline or 1
+        pipelines = [q for q in _divisors(gpus_) if q == 1 or not pipeline_problem(m, q * stages)]
     return [(t, q) for t in tensors for q in pipelines if gpus_ % (t * q) == 0], ""
 
 
@@ -111,8 +111,10 @@ def laid_out(cfg: PipelineConfig, tensor: int, pipeline: int) -> PipelineConfig:
     p = cfg.parallel
     sequence = tensor > 1 if p.tensor == AUTO else p.sequence_parallel
     virtual = p.virtual_pipeline if pipeline > 1 else None
-    return replace(cfg, parallel=replace(p, tensor=tensor, pipeline=pipeline,
-                                         sequence_parallel=sequence, virtual_pipeline=virtual))  # fmt: skip
+    shaped = replace(
+        p, tensor=tensor, pipeline=pipeline, sequence_parallel=sequence, virtual_pipeline=virtual
+    )
+    return replace(cfg, parallel=shaped)
 
 
 def micro_batches(cfg: PipelineConfig, data: int, fixed_layout: bool) -> list[int]:
@@ -151,23 +153,22 @@ def options(cfg: PipelineConfig, vocab: int, peak: float | None = None) -> list[
         data = world_size(cfg.cluster) // (tensor * pipeline)
         for micro in micro_batches(cfg, data, fixed_layout=len(layouts) == 1):
             per_rank = t.global_batch_size // data
-            one = replace(t, micro_batch_size=micro, grad_accum=per_rank // micro,
-                          recompute="none")  # fmt: skip
+            one = replace(t, micro_batch_size=micro, grad_accum=per_rank // micro, recompute="none")
             base = ParallelLayout.of(replace(shaped, train=one))
             for mode in modes:
                 layout = replace(base, recompute=mode)
                 memory = memory_per_gpu(cfg.model, vocab, layout)["total"]
-                speed = expected_step(shaped, vocab, layout, cfg.cluster.gpus_per_node or 8,
-                                      peak or 989.0)["tokens_per_s_per_gpu"]  # fmt: skip
-                found.append(Option(layout, memory, speed))
+                per_node = cfg.cluster.gpus_per_node or 8
+                speed = expected_step(shaped, vocab, layout, per_node, peak or 989.0)
+                found.append(Option(layout, memory, speed["tokens_per_s_per_gpu"]))
     return sorted(found, key=lambda o: (-o.tokens_per_s, o.memory))
 
 
 def choose(found: list[Option], capacity: int) -> tuple[Option, Option, Option | None]:
-    """For GPUs of `capacity` bytes, among `found` (fastest first) of the least model
-    parallelism within LAYOUT_TIE of the fastest that fits: the choice, the fastest that fits (the choice, or one within TIE
-    of it with more memory), and the one of least memory among those faster than that which
-    do not fit (None if there is none)."""
+    """For GPUs of `capacity` bytes, among `found` (fastest first), in the least model
+    parallelism within LAYOUT_TIE of the fastest that fits: the choice; the fastest that fits
+    (the choice, or one within TIE of it with more memory); and the one of least memory among
+    those faster than that which do not fit (None if there is none)."""
     if not found:
         raise ConfigError(
             "train.global_batch_size: no parallel layout and micro-batch divide it over the "
@@ -217,8 +218,9 @@ def settle(cfg: PipelineConfig) -> PipelineConfig:
     layouts, kept = parallel_layouts(cfg)
     layout_open = AUTO in (cfg.parallel.tensor, cfg.parallel.pipeline)
     lo = chosen.layout
-    why_layout = kept or (f"the least model parallelism within {LAYOUT_TIE:.0%} of the fastest"
-                          if len(layouts) > 1 else "the only layout")  # fmt: skip
+    why_layout = kept or "the only layout"
+    if len(layouts) > 1:
+        why_layout = f"the least model parallelism within {LAYOUT_TIE:.0%} of the fastest"
     where = f"TP={lo.tensor} PP={lo.pipeline} DP={lo.data} ({why_layout})"
     why = (
         f"{where + ', ' if layout_open else ''}micro-batch {lo.micro_batch} x accumulation "
@@ -239,15 +241,14 @@ def settle(cfg: PipelineConfig) -> PipelineConfig:
 
 def _on_cpu(cfg: PipelineConfig) -> PipelineConfig:
     """CPU ranks: no model of their speed; data parallelism, and the CPU default micro-batch."""
-    shaped = laid_out(cfg, *(1 if v == AUTO else v for v in (cfg.parallel.tensor,
-                                                              cfg.parallel.pipeline)))  # fmt: skip
+    asked = (cfg.parallel.tensor, cfg.parallel.pipeline)
+    shaped = laid_out(cfg, *(1 if size == AUTO else size for size in asked))
     data = world_size(cfg.cluster) // (shaped.parallel.tensor * shaped.parallel.pipeline)
     open_ = micro_batches(cfg, data, fixed_layout=True) or [1]
     micro = max([m for m in open_ if m <= CPU_MICRO_BATCH] or [min(open_)])
     recompute = "none" if cfg.train.recompute == AUTO else cfg.train.recompute
     p = shaped.parallel
-    where = f"TP={p.tensor} PP={p.pipeline}, " if AUTO in (cfg.parallel.tensor,
-                                                           cfg.parallel.pipeline) else ""  # fmt: skip
+    where = f"TP={p.tensor} PP={p.pipeline}, " if AUTO in asked else ""
     why = f"{where}micro-batch {micro}, recompute {recompute} (CPU ranks: up to {CPU_MICRO_BATCH})"
     return _with(shaped, cfg, micro, recompute, why)
 
@@ -262,6 +263,6 @@ def _with(
         "train.recompute": asked.train.recompute,
     }
     named = ", ".join(f"{key}=auto" for key, value in keys.items() if value == AUTO)
-    train = replace(shaped.train, micro_batch_size=micro, recompute=recompute,
-                    auto_choice=f"{named}: {why}")  # fmt: skip
+    choice = f"{named}: {why}"
+    train = replace(shaped.train, micro_batch_size=micro, recompute=recompute, auto_choice=choice)
     return replace(shaped, train=train)
