@@ -141,12 +141,18 @@ def micro_batches(cfg: PipelineConfig, data: int, fixed_layout: bool) -> list[in
     return _divisors(per_rank)
 
 
-def options(cfg: PipelineConfig, vocab: int, peak: float | None = None) -> list[Option]:
+def options(
+    cfg: PipelineConfig,
+    vocab: int,
+    peak: float | None = None,
+    layouts: list[tuple[int, int]] | None = None,
+) -> list[Option]:
     """Every open combination with its estimates, fastest first (`peak`: the GPU's TFLOP/s,
-    which weighs compute against communication; H100/H200's when unknown)."""
+    which weighs compute against communication, H100/H200's when unknown; `layouts`: the
+    (tensor, pipeline) sizes open, when the caller has them)."""
     t = cfg.train
     modes = RECOMPUTE_MODES if t.recompute == AUTO else (t.recompute,)
-    layouts, _ = parallel_layouts(cfg)
+    layouts = layouts or parallel_layouts(cfg)[0]
     found = []
     for tensor, pipeline in layouts:
         shaped = laid_out(cfg, tensor, pipeline)
@@ -214,8 +220,8 @@ def settle(cfg: PipelineConfig) -> PipelineConfig:
     capacity, source, name = gpu_capacity(cfg)
     vocab = vocab_size(cfg)[0]
     peak = gpus.peak_tflops(name or "", cfg.train.precision)
-    chosen, best, too_big = choose(options(cfg, vocab, peak), capacity)
-    layouts, kept = parallel_layouts(cfg)
+    layouts, kept = parallel_layouts(cfg)  # read once: a resume's checkpoint records
+    chosen, best, too_big = choose(options(cfg, vocab, peak, layouts), capacity)
     layout_open = AUTO in (cfg.parallel.tensor, cfg.parallel.pipeline)
     lo = chosen.layout
     why_layout = kept or "the only layout"
