@@ -48,9 +48,20 @@ class Option:
     tokens_per_s: float  # per GPU, by the estimate
 
 
-def wants_choice(cfg: PipelineConfig) -> bool:
+def auto_keys(cfg: PipelineConfig) -> list[str]:
+    """The keys left to the planner, in the order a user would look for them."""
     p, t = cfg.parallel, cfg.train
-    return AUTO in (p.tensor, p.pipeline, t.micro_batch_size, t.recompute)
+    values = {
+        "train.micro_batch_size": t.micro_batch_size,
+        "train.recompute": t.recompute,
+        "parallel.tensor": p.tensor,
+        "parallel.pipeline": p.pipeline,
+    }
+    return [key for key, value in values.items() if value == AUTO]
+
+
+def wants_choice(cfg: PipelineConfig) -> bool:
+    return bool(auto_keys(cfg))
 
 
 def gpu_capacity(cfg: PipelineConfig) -> tuple[int, str, str | None]:
@@ -71,9 +82,9 @@ def gpu_capacity(cfg: PipelineConfig) -> tuple[int, str, str | None]:
         here = " (nvidia-smi finds none here: to run here, use train=cpu)"
         here = "" if cfg.cluster.executor == "slurm" else here
         raise ConfigError(
-            f"train.micro_batch_size: auto needs the GPUs' memory{here}; set cluster.gpu "
-            "(H100, H200, ...) or cluster.gpu_memory_gb, or give train.micro_batch_size, "
-            "train.recompute, parallel.tensor and parallel.pipeline"
+            f"{auto_keys(cfg)[0]}: auto needs the GPUs' memory{here}; set cluster.gpu "
+            "(H100, H200, ...) or cluster.gpu_memory_gb, or give "
+            f"{', '.join(auto_keys(cfg))} a value"
         )
     name, memory_gib = local
     return int(memory_gib * GIB), f"this machine's {name}", name

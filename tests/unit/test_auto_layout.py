@@ -137,6 +137,12 @@ def test_cpu_ranks_get_the_cpu_default(tmp_path):
             "train.micro_batch_size: auto needs the GPUs' memory; set cluster.gpu",
         ),
         (
+            ["train=gpu", "cluster=slurm", "cluster.gpus_per_node=8", "train.micro_batch_size=8"],
+            "train.recompute: auto needs the GPUs' memory; set cluster.gpu (H100, H200, ...) or "
+            "cluster.gpu_memory_gb, or give train.recompute, parallel.tensor, parallel.pipeline "
+            "a value",
+        ),
+        (
             [*H200, "model=llama-8b", "cluster.gpu=L4"],
             "train.micro_batch_size: auto found no layout, micro-batch and recompute that fit "
             "24.0 GiB",

@@ -29,6 +29,25 @@ def _apex_available() -> bool:
     return True
 
 
+def _fused_qkv_rope_available() -> bool:
+    """Transformer Engine's RoPE kernel over the unsplit QKV tensor (newer TE releases)."""
+    try:
+        from transformer_engine.pytorch.attention.rope import (  # noqa: F401
+            apply_fused_qkv_rotary_pos_emb,
+        )
+    except ImportError:
+        return False
+    return True
+
+
+def _fused_qkv_rope(cfg: PipelineConfig) -> bool:
+    return (
+        cfg.train.fused_qkv_rope
+        and cfg.model.position_embedding == "rope"
+        and _fused_qkv_rope_available()
+    )
+
+
 def _require_fp8() -> None:
     """fp8 GEMMs need Transformer Engine's fp8 support on this GPU (compute capability 8.9+)."""
     import transformer_engine.pytorch as te
@@ -62,6 +81,7 @@ class TransformerEngineBackend:
             masked_softmax_fusion=True,
             persist_layer_norm=True,
             apply_rope_fusion=cfg.model.position_embedding == "rope",
+            fused_single_qkv_rope=_fused_qkv_rope(cfg),
             cross_entropy_loss_fusion=True,
             cross_entropy_fusion_impl="te",
             gradient_accumulation_fusion=t.apex and _apex_available(),
@@ -75,6 +95,7 @@ class TransformerEngineBackend:
                 fp8_recipe=FP8_RECIPES[t.fp8_recipe],
                 fp8_amax_history_len=1024,
                 fp8_amax_compute_algo="max",
+                fp8_dot_product_attention=t.fp8_attention,
             )
         return options
 
@@ -90,7 +111,10 @@ class TransformerEngineBackend:
         else:
             wgrad = "a separate add (train.wgrad_fusion=false, no apex)"
         version = getattr(transformer_engine, "__version__", "(version unknown)")
-        return f"Transformer Engine {version}; weight gradients accumulated into fp32 by {wgrad}"
+        rope = "; RoPE applied to the unsplit QKV in one kernel" if _fused_qkv_rope(cfg) else ""
+        return (
+            f"Transformer Engine {version}; weight gradients accumulated into fp32 by {wgrad}{rope}"
+        )
 
     def layer_spec(self, cfg: PipelineConfig, config, vp_stage: int | None):
         from megatron.core.models.gpt.gpt_layer_specs import (
