@@ -306,13 +306,16 @@ def baseline_subprocess(
     return json.loads(lines[-1]) if lines else {"error": proc.stderr[-1500:]}
 
 
+def precision(run: StageRun) -> str:
+    return "fp8" if "train.precision=fp8" in run.extra else "bf16"
+
+
 def megatron_subprocess(run: StageRun, micro: int, steps: int, warmup: int) -> dict:
     """tools/megatron_loop.py at the stage row's batch (`micro`: as the stage ran it) and
     precision."""
-    precision = "fp8" if "train.precision=fp8" in run.extra else "bf16"
     cmd = [sys.executable, str(ROOT / "tools" / "megatron_loop.py"), "--model", run.model,
            "--micro-batch", str(micro), "--accumulation", str(run.global_batch // micro),
-           "--precision", precision, "--steps", str(steps), "--warmup", str(warmup)]  # fmt: skip
+           "--precision", precision(run), "--steps", str(steps), "--warmup", str(warmup)]  # fmt: skip
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
     lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
     return json.loads(lines[-1]) if lines else {"error": proc.stderr[-1500:]}
@@ -354,13 +357,16 @@ def main() -> None:
     )
     runs = [StageRun.parse(spec) for spec in args.stage or [f"{m} mb=16 ga=4" for m in args.models]]
     models = list(dict.fromkeys(r.model for r in runs))
-    rows = []
+    rows, by_hand = [], set()
     for index, run in enumerate(runs):
         data = args.data or prepare_data(args.workdir / "data-32k", run.model)
         result = run_stage(args.workdir / f"stage-{index}", run, args.steps, args.warmup, data)
         rows.append((run.model, f"pipeline stage {run.label}", result))
         print(json.dumps({"model": run.model, "run": rows[-1][1], **result}), flush=True)
-        if "megatron" in args.baselines and "error" not in result:  # the same batch, by hand
+        # the same batch and precision by hand, once for the stage rows that share them
+        shape = (run.model, run.global_batch, result.get("micro_batch_size"), precision(run))
+        if "megatron" in args.baselines and "error" not in result and shape not in by_hand:
+            by_hand.add(shape)
             result = megatron_subprocess(run, result["micro_batch_size"], args.steps, args.warmup)
             rows.append((run.model, f"megatron-core loop {run.label}", result))
             print(json.dumps({"model": run.model, "run": rows[-1][1], **result}), flush=True)

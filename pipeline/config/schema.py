@@ -131,9 +131,6 @@ class TrainConfig:
     clip_grad: float = 1.0
     precision: str = "bf16"  # fp32 | bf16 | fp16 | fp8
     fp8_recipe: str = "delayed"  # delayed | tensorwise
-    # with fp8: attention's matrix products in fp8 too (Transformer Engine's fp8 cuDNN
-    # attention); off by default, it changes the loss curve more than the GEMMs do
-    fp8_attention: bool = False
     recompute: str = "none"  # none | selective | full | auto (chosen with the micro-batch)
     recompute_layers: int | None = None  # with full recompute: layers recomputed per stage
     device: str = "auto"  # auto | cpu | cuda
@@ -147,9 +144,9 @@ class TrainConfig:
     # TE's own SwiGLU/GeLU instead of megatron-core's fused bias-activation: +0.6% on gpt-1.3b,
     # the same loss curve
     te_activation: bool = True
-    # RoPE applied to the fused QKV projection's output in one kernel, without splitting it into
-    # query, key and value first or concatenating their gradients after
-    fused_qkv_rope: bool = True
+    # RoPE over the unsplit QKV projection as one torch.compile'd kernel each way (split,
+    # rotation and, backwards, the QKV gradient in one pass); false: Transformer Engine's RoPE
+    compiled_rope: bool = True
     # NVIDIA apex where it is installed (never the PyPI package named apex): megatron-core's
     # gradient-accumulation fusion through its CUDA kernel, the output layer's included; false
     # leaves it out (TE's GEMMs still accumulate theirs), for rows with and without it

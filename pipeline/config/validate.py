@@ -91,11 +91,6 @@ def _validate_train(cfg: PipelineConfig) -> None:
     _one_of(cfg, "train.device", ("auto", "cpu", "cuda"))
     _one_of(cfg, "train.lr_decay_style", ("cosine", "linear", "constant", "WSD"))
     t = cfg.train
-    _require(
-        not t.fp8_attention or t.precision == "fp8",
-        "train.fp8_attention",
-        f"needs train.precision=fp8 (it is {t.precision})",
-    )
     _require(t.steps > 0, "train.steps", "must be positive")
     _require(
         0 <= t.warmup_steps < t.steps,

@@ -38,7 +38,7 @@ NOT_SETTINGS = (
     "device",
     "wgrad_fusion",
     "te_activation",
-    "fused_qkv_rope",
+    "compiled_rope",
     "apex",
     "log_interval",
     "profile_steps",

@@ -206,26 +206,13 @@ def test_apex_accumulates_weight_gradients_and_tracks_the_curve_without_it(
     assert close(curve(run), curve(without), rtol=1e-2), (curve(run), curve(without))
 
 
-def test_rope_over_the_unsplit_qkv_tracks_the_split_one(bf16_run, data_dir, tmp_path):
+def test_compiled_rope_tracks_transformer_engines(bf16_run, data_dir, tmp_path):
     run = bf16_run[0]
-    assert "RoPE applied to the unsplit QKV" in kernels(run), kernels(run)
-    split = with_data(data_dir, tmp_path / "split-qkv")
-    pipeline(split, "stages=[tokenize,train]", "train.fused_qkv_rope=false")
-    assert "unsplit" not in kernels(split), kernels(split)
-    assert close(curve(run), curve(split), rtol=2e-3), (curve(run), curve(split))
-
-
-def test_fp8_attention_runs_and_tracks_bf16(bf16_run, data_dir, tmp_path):
-    # cuDNN's fp8 attention takes head sizes of 64 and more: 256 / 4 heads
-    heads = ["model.num_attention_heads=4", "model.num_query_groups=2"]
-    reference = with_data(data_dir, tmp_path / "bf16-64")
-    pipeline(reference, "stages=[tokenize,train]", *heads)
-    fp8 = with_data(data_dir, tmp_path / "fp8-attention")
-    fp8_args = ["train.precision=fp8", "train.fp8_attention=true"]
-    pipeline(fp8, "stages=[tokenize,train]", *heads, *fp8_args)
-    a, b = curve(reference), curve(fp8)
-    tail = [s for s in a if s > 50]
-    assert all(abs(a[s] - b[s]) <= 0.03 * a[s] for s in tail), (a, b)
+    assert "RoPE compiled over the unsplit QKV" in kernels(run), kernels(run)
+    te_rope = with_data(data_dir, tmp_path / "te-rope")
+    pipeline(te_rope, "stages=[tokenize,train]", "train.compiled_rope=false")
+    assert "RoPE compiled" not in kernels(te_rope), kernels(te_rope)
+    assert close(curve(run), curve(te_rope), rtol=2e-3), (curve(run), curve(te_rope))
 
 
 def test_profiled_steps_show_where_device_time_goes(data_dir, tmp_path):

@@ -101,7 +101,6 @@ def test_a_saved_config_reads_back_as_the_same_typed_config(tmp_path):
         (["tokenizer.model=/nonexistent.model"], "tokenizer.model"),
         (["train.precision=fp64"], "train.precision"),
         (["train.recompute=some"], "train.recompute"),
-        (["train.fp8_attention=true"], "train.fp8_attention"),
         (["train.warmup_steps=5000"], "train.warmup_steps"),
         (["model.seq_length=4096", "model.max_position_embeddings=2048"], "model.seq_length"),
         (["+eval.extra_sets.wiki=/nonexistent/*.jsonl"], "eval.extra_sets.wiki"),

@@ -12,7 +12,7 @@ import torch
 
 from pipeline.config import PipelineConfig
 from pipeline.model import dist_checkpoint
-from pipeline.model.backends import names
+from pipeline.model.backends import names, rope
 from pipeline.model.sizes import params_dtype
 from pipeline.runtime import distributed
 
@@ -30,7 +30,8 @@ def _apex_available() -> bool:
 
 
 def _fused_qkv_rope_available() -> bool:
-    """Transformer Engine's RoPE kernel over the unsplit QKV tensor (newer TE releases)."""
+    """megatron-core's unsplit-QKV RoPE path, which needs Transformer Engine's kernel for it
+    (newer TE releases)."""
     try:
         from transformer_engine.pytorch.attention.rope import (  # noqa: F401
             apply_fused_qkv_rotary_pos_emb,
@@ -40,9 +41,10 @@ def _fused_qkv_rope_available() -> bool:
     return True
 
 
-def _fused_qkv_rope(cfg: PipelineConfig) -> bool:
+def _compiled_rope(cfg: PipelineConfig) -> bool:
+    """RoPE by pipeline.model.backends.rope, on the unsplit QKV path of megatron-core."""
     return (
-        cfg.train.fused_qkv_rope
+        cfg.train.compiled_rope
         and cfg.model.position_embedding == "rope"
         and _fused_qkv_rope_available()
     )
@@ -81,7 +83,7 @@ class TransformerEngineBackend:
             masked_softmax_fusion=True,
             persist_layer_norm=True,
             apply_rope_fusion=cfg.model.position_embedding == "rope",
-            fused_single_qkv_rope=_fused_qkv_rope(cfg),
+            fused_single_qkv_rope=_compiled_rope(cfg),
             cross_entropy_loss_fusion=True,
             cross_entropy_fusion_impl="te",
             gradient_accumulation_fusion=t.apex and _apex_available(),
@@ -95,7 +97,6 @@ class TransformerEngineBackend:
                 fp8_recipe=FP8_RECIPES[t.fp8_recipe],
                 fp8_amax_history_len=1024,
                 fp8_amax_compute_algo="max",
-                fp8_dot_product_attention=t.fp8_attention,
             )
         return options
 
@@ -111,7 +112,7 @@ class TransformerEngineBackend:
         else:
             wgrad = "a separate add (train.wgrad_fusion=false, no apex)"
         version = getattr(transformer_engine, "__version__", "(version unknown)")
-        rope = "; RoPE applied to the unsplit QKV in one kernel" if _fused_qkv_rope(cfg) else ""
+        rope = "; RoPE compiled over the unsplit QKV" if _compiled_rope(cfg) else ""
         return (
             f"Transformer Engine {version}; weight gradients accumulated into fp32 by {wgrad}{rope}"
         )
@@ -126,6 +127,8 @@ class TransformerEngineBackend:
         )
         if cfg.train.te_activation:
             spec.submodules.mlp.submodules.activation_func = CheckpointableTEActivation
+        if _compiled_rope(cfg):
+            rope.use_compiled_kernel()
         return spec
 
     def adapt_model(self, model: torch.nn.Module) -> torch.nn.Module:
