@@ -12,7 +12,7 @@ import torch
 
 from pipeline.config import PipelineConfig
 from pipeline.model import dist_checkpoint
-from pipeline.model.backends import names, rope
+from pipeline.model.backends import names
 from pipeline.model.sizes import params_dtype
 from pipeline.runtime import distributed
 
@@ -128,6 +128,8 @@ class TransformerEngineBackend:
         if cfg.train.te_activation:
             spec.submodules.mlp.submodules.activation_func = CheckpointableTEActivation
         if _compiled_rope(cfg):
+            from pipeline.model.backends import rope  # torch.compile's machinery, when used
+
             rope.use_compiled_kernel()
         return spec
 
