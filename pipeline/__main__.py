@@ -33,6 +33,6 @@ def choose_cluster(argv: list[str]) -> None:
 
 if __name__ == "__main__":
     usage.answer_help("pipeline", sys.argv[1:])
-    cli.check_overrides(sys.argv[1:])
+    sys.argv[1:] = cli.check_overrides(sys.argv[1:])
     choose_cluster(sys.argv)
     main()

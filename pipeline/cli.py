@@ -48,13 +48,43 @@ def fail(message: str, code: int) -> None:
     sys.exit(code)
 
 
-def check_overrides(args: list[str]) -> None:
+# The run folder's recorded overrides put before this command line's (see check_overrides)
+_context: list[str] = []
+
+
+def check_overrides(args: list[str]) -> list[str]:
     """Compose the config for these command-line overrides before Hydra runs the command,
     and turn what Hydra would report in several lines (a key that is not a setting, a value of
     the wrong type, a config group option that does not exist) into one line naming the key,
-    exit 2. Hydra's own options (-m, --config-dir, ...) leave the check to Hydra."""
+    exit 2. Hydra's own options (-m, --config-dir, ...) leave the check to Hydra.
+
+    Returns the overrides Hydra is to compose: `args`, or, where they only make sense on top of
+    the run folder's own (data.sources.web.weight=0.5 on a mixture run, whose sources exist
+    only with the data=mixture and +data.sources.NAME=... its launch recorded), those first,
+    then `args`, as a rerun composes them anyway (history.to_compose); `given` leaves them out."""
     if any(arg.startswith("-") for arg in args):
-        return
+        return args
+    args = [_source_setting(arg) for arg in args]
+    problem = _composition_problem(args)
+    if problem is None:
+        return args
+    context = _run_context(args)
+    if context and _composition_problem([*context, *args]) is None:
+        _context[:] = context
+        return [*context, *args]
+    fail(problem, EXIT_CONFIG)
+    return args
+
+
+def _source_setting(arg: str) -> str:
+    """data.sources.NAME.FIELD=V as ++data.sources.NAME.FIELD=V: a source's entry holds the
+    fields it was given, so text_key, say, is set whether or not the entry has it yet."""
+    fields = "|".join(f.name for f in dataclasses.fields(config.schema.SourceConfig))
+    return f"++{arg}" if re.match(rf"data\.sources\.[^.=]+\.({fields})=", arg) else arg
+
+
+def _composition_problem(args: list[str]) -> str | None:
+    """One line naming the key, when conf/ with `args` does not compose."""
     from hydra import compose, initialize_config_dir
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
@@ -67,7 +97,25 @@ def check_overrides(args: list[str]) -> None:
         while e.__cause__ is not None:  # the details (the key, the type) are in the causes
             e = e.__cause__
             chain.append(str(e))
-        fail(overrides_problem("\n\x00".join(chain)), EXIT_CONFIG)
+        return overrides_problem("\n\x00".join(chain))
+    return None
+
+
+def _run_context(args: list[str]) -> list[str]:
+    """The overrides the run folder of this command line recorded, less those it sets again."""
+    workdir = next((a.split("=", 1)[1] for a in args if history.key_of(a) == "workdir"), None)
+    if workdir is None:  # the default, runs/<model name>, from the model the line names
+        from hydra import compose, initialize_config_dir
+
+        models = [a for a in args if history.key_of(a).split(".")[0] == "model"]
+        try:
+            with initialize_config_dir(config_dir=CONF, version_base=None):
+                workdir = compose("config", overrides=models).workdir
+        except Exception:  # a mistake in those: the first composition's line says it
+            return []
+    recorded = history.recorded(RunPaths.of(workdir))
+    again = history.set_again(args)
+    return [o for o in recorded if history.key_of(o) not in again]
 
 
 def overrides_problem(message: str) -> str:
@@ -85,9 +133,10 @@ def overrides_problem(message: str) -> str:
     ambiguous = re.search(r"Ambiguous value for argument '([^=']+)=([^']*)'", message)
     if ambiguous:
         name, value = ambiguous[1], ambiguous[2]
-        return (
-            f"{name}: {value} reads as a sweep over values; quote it ({name}='{value}'), "
-            f"or give a list in brackets ({name}=[{value}]) where the key takes one"
+        return (  # quoted twice: the shell takes the outer quotes, Hydra the inner ones
+            f"{name}: {value} reads as a sweep over values; give a list in brackets "
+            f"({name}=[{value}]), or one value quoted for the shell and for Hydra "
+            f"(\"{name}='{value}'\")"
         )
     group = re.search(r"Could not find '([^/']+)/([^']+)'", message)
     if group:
@@ -118,8 +167,9 @@ def _schema_keys(schema: type, prefix: str) -> list[str]:
 
 
 def given() -> list[str]:
-    """The overrides of this command line (of this point, in a sweep)."""
-    return sweep.overrides()
+    """The overrides of this command line (of this point, in a sweep), without the run's own
+    that check_overrides put before them."""
+    return sweep.overrides()[len(_context) :]
 
 
 def replayed(composed: DictConfig, overrides: list[str], last_stages: bool) -> DictConfig:

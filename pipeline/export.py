@@ -29,7 +29,7 @@ def export(cfg: PipelineConfig) -> None:
 def main() -> None:
     usage.answer_help("pipeline.export", sys.argv[1:])
     sys.argv[1:] = [f"export.{a}" if a.startswith("out=") else a for a in sys.argv[1:]]
-    cli.check_overrides(sys.argv[1:])
+    sys.argv[1:] = cli.check_overrides(sys.argv[1:])
 
     @hydra.main(config_path=cli.CONF, config_name="config", version_base=None)
     def run(composed: DictConfig) -> None:

@@ -39,5 +39,5 @@ def main(composed: DictConfig) -> None:
 
 if __name__ == "__main__":
     usage.answer_help("pipeline.status", sys.argv[1:])
-    cli.check_overrides(sys.argv[1:])
+    sys.argv[1:] = cli.check_overrides(sys.argv[1:])
     main()

@@ -177,6 +177,9 @@ class TrainConfig:
     exit_signal_lead_s: int = 120  # Slurm warns (SIGUSR2) this long before the time limit
     max_requeues: int = 20
     nonfinite: str = "skip"  # skip | stop: a step whose loss or gradient is NaN or infinite
+    # with nonfinite=skip: this many non-finite steps in a row stop the run, which has diverged
+    # (fp16's loss-scale overflows do not count)
+    max_skipped_in_a_row: int = 10
     # Derived, not a setting: what micro_batch_size=auto / recompute=auto became, and why
     auto_choice: str | None = None
 

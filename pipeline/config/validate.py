@@ -13,6 +13,7 @@ import math
 import os
 import re
 from functools import reduce
+from pathlib import Path
 from typing import Any
 
 from pipeline.config import derived
@@ -38,6 +39,8 @@ def _one_of(cfg: PipelineConfig, key: str, allowed: tuple[str, ...]) -> None:
 def validate(cfg: PipelineConfig) -> None:
     """Raise ConfigError for the first problem found."""
     _require(bool(cfg.workdir), "workdir", "must be a path")
+    _folder_to_write(cfg.workdir, "workdir")
+    _folder_to_write(cfg.export.out, "export.out")
     _validate_script_values(cfg)
     _validate_bounds(cfg)
     for stage in cfg.stages:
@@ -134,11 +137,24 @@ def _validate_cluster(cfg: PipelineConfig) -> None:
     _require(cfg.cluster.checkpoint_write_gbps > 0, "cluster.checkpoint_write_gbps", "must be > 0")
 
 
+def _folder_to_write(path: str | None, key: str) -> None:
+    """A folder the pipeline makes and writes into: neither a file nor under one."""
+    if not path:
+        return
+    folder = Path(os.path.expanduser(path)).absolute()
+    for existing in (folder, *folder.parents):
+        if existing.exists():
+            what = path if existing == folder else f"{path}: {existing}, in its path,"
+            _require(existing.is_dir(), key, f"{what} is a file, not a folder")
+            return
+
+
 def _validate_eval(cfg: PipelineConfig) -> None:
     e = cfg.eval
     ckpt = str(e.checkpoint)
-    _require(
-        ckpt in ("best", "latest") or os.path.isdir(ckpt) or "train" in cfg.stages,
+    named = ckpt not in ("best", "latest")
+    _require(  # a folder a training of this command may still write is checked when read
+        not named or os.path.isdir(ckpt) or ("train" in cfg.stages and not os.path.exists(ckpt)),
         "eval.checkpoint",
         f"{ckpt!r} is neither best, latest nor a checkpoint folder",
     )
@@ -175,6 +191,13 @@ def _readable_files(pattern: str, key: str) -> list[str]:
     return [os.path.abspath(p) for p in matches]
 
 
+def _refuse_empty(paths: list[str], key: str) -> None:
+    """Files that hold not one byte: found here, before a run folder is made for them."""
+    if paths and all(os.path.getsize(p) == 0 for p in paths):
+        named = paths[0] if len(paths) == 1 else f"all {len(paths)} files ({paths[0]}, ...)"
+        raise ConfigError(f"{key}: {named} {'is' if len(paths) == 1 else 'are'} empty")
+
+
 def _validate_sources(cfg: PipelineConfig) -> None:
     d = cfg.data
     _require(
@@ -193,10 +216,13 @@ def _validate_sources(cfg: PipelineConfig) -> None:
         if "tokenize" not in cfg.stages:
             continue  # the data is tokenized: its inputs are not read again
         _require(bool(source.inputs), f"{key}.inputs", "needs at least one glob")
+        found = []
         for pattern in source.inputs:
             for path in _readable_files(str(pattern), f"{key}.inputs"):
                 other = owner.setdefault(path, name)
                 _require(other == name, f"{key}.inputs", f"{path} is in data.sources.{other} too")
+                found.append(path)
+        _refuse_empty(found, f"{key}.inputs")
 
 
 def _validate_data(cfg: PipelineConfig) -> None:
@@ -213,9 +239,9 @@ def _validate_data(cfg: PipelineConfig) -> None:
         _require(os.path.isfile(manifest), "data.prepared", f"{manifest} does not exist")
         _require("tokenize" not in cfg.stages, "stages", "drop tokenize when data.prepared is set")
     _validate_sources(cfg)
-    if "tokenize" in cfg.stages:
-        for pattern in d.inputs:
-            _readable_files(pattern, "data.inputs")
+    if "tokenize" in cfg.stages and d.inputs:
+        found = [path for pattern in d.inputs for path in _readable_files(pattern, "data.inputs")]
+        _refuse_empty(found, "data.inputs")
     try:
         weights = [float(x) for x in d.split.split(",")]
     except ValueError:
@@ -338,6 +364,7 @@ _AT_LEAST_ONE = (
     "train.grad_accum",
     "train.eval_samples",
     "train.threads",
+    "train.max_skipped_in_a_row",
     "eval.max_batches",
     "eval.micro_batch_size",
     "cluster.nodes",

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from pipeline.core.errors import RunLocked
+from pipeline.core.errors import ConfigError, RunLocked
 from pipeline.core.paths import RunPaths
 
 
@@ -47,14 +47,40 @@ def _holder(handle) -> dict:
         time.sleep(0.05)
 
 
+def _take(handle, kind: int, tries: int = 1) -> bool:
+    for attempt in range(tries):
+        try:
+            fcntl.flock(handle, kind | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            if attempt + 1 < tries:
+                time.sleep(0.1)
+    return False
+
+
+def holder(root: Path) -> dict | None:
+    """Who holds the run folder's lock now ({pid, host, since, command}: a launcher running
+    steps here), or None. Takes a shared lock for an instant to know, creating nothing."""
+    try:
+        handle = open(RunPaths(root).lock)  # noqa: SIM115 (closed below)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    with handle:
+        if _take(handle, fcntl.LOCK_SH):
+            fcntl.flock(handle, fcntl.LOCK_UN)
+            return None
+        return _holder(handle)
+
+
 @contextmanager
 def run_lock(root: Path) -> Iterator[None]:
-    root.mkdir(parents=True, exist_ok=True)
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ConfigError(f"workdir: cannot make {root}: {e.strerror}") from None
     path = RunPaths(root).lock
     handle = open(path, "a+")  # noqa: SIM115 (held open for the lock's lifetime)
-    try:
-        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
+    if not _take(handle, fcntl.LOCK_EX, tries=10):  # `holder` may hold it for an instant
         info = _holder(handle)
         handle.close()
         raise RunLocked(

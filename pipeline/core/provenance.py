@@ -36,16 +36,31 @@ def fingerprint(record: MadeFrom) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
+ABSENT = "(absent)"
+
+
 def differences(recorded: MadeFrom, now: MadeFrom) -> list[tuple[str, Any, Any]]:
     """(key, recorded value, value now) for each setting or input that differs; an input is
-    named by its step ("input tokenizer")."""
+    named by its step ("input tokenizer"). A setting that is a mapping (data.sources) is
+    compared entry by entry, so the key names what changed (data.sources.prose.text_key)."""
     found = []
     for part, label in (("settings", ""), ("inputs", "input ")):
         old, new = recorded.get(part, {}), now.get(part, {})
         for key in sorted(set(old) | set(new)):
-            if old.get(key, "(absent)") != new.get(key, "(absent)"):
-                found.append((f"{label}{key}", old.get(key, "(absent)"), new.get(key, "(absent)")))
+            found.extend(_leaves(f"{label}{key}", old.get(key, ABSENT), new.get(key, ABSENT)))
     return found
+
+
+def _leaves(key: str, old: Any, new: Any) -> list[tuple[str, Any, Any]]:
+    if old == new:
+        return []
+    if isinstance(old, dict) and isinstance(new, dict) and old and new:
+        return [
+            leaf
+            for name in sorted(set(old) | set(new), key=str)
+            for leaf in _leaves(f"{key}.{name}", old.get(name, ABSENT), new.get(name, ABSENT))
+        ]
+    return [(key, old, new)]
 
 
 def _short(value: Any, limit: int = 60) -> str:

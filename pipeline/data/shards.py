@@ -55,6 +55,12 @@ def plan(paths: RunPaths, data: DataConfig) -> list[list[Span]]:
     root = paths.root
     saved = files.read_json_or_none(paths.shard_plan)
     listed = sources.files(paths, data)
+    if (
+        saved is not None
+        and _changed(saved, paths, listed, data)
+        and not _any_shard_made(saved, paths)
+    ):
+        saved = None  # a plan no task has tokenized anything of yet is made again, not kept
     if saved is None:
         for _, path in listed:
             if warning := misnamed(path):
@@ -71,9 +77,7 @@ def plan(paths: RunPaths, data: DataConfig) -> list[list[Span]]:
             ],
         }
         files.write_json(paths.shard_plan, saved)
-    elif sorted(saved["inputs"]) != sorted(portable(p, root) for _, p in listed) or (
-        saved["num_shards"] != data.num_shards
-    ):
+    elif _changed(saved, paths, listed, data):
         raise ConfigError(
             f"data.inputs: the inputs or data.num_shards changed since {paths.shard_plan} was "
             "planned; use a new workdir (or force=tokenize) to tokenize a different corpus"
@@ -82,6 +86,16 @@ def plan(paths: RunPaths, data: DataConfig) -> list[list[Span]]:
         [Span(str(root / path), start, end, source) for source, path, start, end in spans]
         for spans in saved["shards"]
     ]
+
+
+def _changed(saved: dict, paths: RunPaths, listed: list, data: DataConfig) -> bool:
+    """The plan was made for other input files or another data.num_shards."""
+    planned_for = sorted(portable(path, paths.root) for _, path in listed)
+    return sorted(saved["inputs"]) != planned_for or saved["num_shards"] != data.num_shards
+
+
+def _any_shard_made(saved: dict, paths: RunPaths) -> bool:
+    return any(paths.shard_marker(i).exists() for i in range(len(saved["shards"])))
 
 
 def planned_count(paths: RunPaths) -> int | None:

@@ -65,6 +65,15 @@ def _samples(cfg: PipelineConfig, model: torch.nn.Module, sp, device: torch.devi
     return out
 
 
+def perplexity(loss: float) -> float:
+    """exp(loss); infinite where that overflows (a diverged model's loss of hundreds of nats),
+    reported as such rather than failing the evaluation."""
+    try:
+        return math.exp(loss)
+    except OverflowError:
+        return math.inf
+
+
 def _micro_batch_size(cfg: PipelineConfig) -> int:
     return cfg.eval.micro_batch_size or cfg.train.micro_batch_size
 
@@ -73,7 +82,7 @@ def _measure(engine, evalset: evalsets.EvalSet, cfg: PipelineConfig) -> dict:
     loss, tokens = engine.loss_over(evalset.windows, _micro_batch_size(cfg), cfg.eval.max_batches)
     result = {
         "loss": loss,
-        "ppl": math.exp(loss),
+        "ppl": perplexity(loss),
         "tokens": tokens,
         "documents": evalset.documents,
         "windows": evalset.windows.windows,
@@ -93,7 +102,7 @@ def _measure_test(engine, tests: list[evalsets.EvalSet], cfg: PipelineConfig) ->
     loss = evalsets.mixture_loss(by_source, cfg)
     overall = {
         "loss": loss,
-        "ppl": math.exp(loss),
+        "ppl": perplexity(loss),
         **{k: sum(r[k] for r in measured.values()) for k in ("tokens", "documents", "windows")},
         "weights": sources.weights(cfg.data),
     }
@@ -157,7 +166,7 @@ def evaluate(cfg: PipelineConfig, made_from: dict) -> EvaluationRecord:
     folder = checkpoint.verified(paths.checkpoints, str(cfg.eval.checkpoint))
     # the vocabulary as padded for the checkpoint's tensor-parallel size (older saves: ours)
     written = files.read_json(folder / "state.json").get("layout", {})
-    engine = Engine(single_device(cfg), written.get("padded_vocab_size", manifest["vocab_size"]))
+    engine = Engine(single_device(cfg), manifest["vocab_size"], written.get("padded_vocab_size"))
     sp = load(manifest["tokenizer"])
     # whole micro-batches on every data-parallel rank: the sets are padded with masked windows
     multiple = _micro_batch_size(cfg) * engine.dp_size

@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING
 
 from pipeline.config import PipelineConfig
 from pipeline.model.sizes import ffn_hidden_size, padded_vocab, params_dtype
+from pipeline.model.vocab_padding import mask_padding
 
 if TYPE_CHECKING:
     from megatron.core.models.gpt import GPTModel
@@ -68,15 +69,20 @@ def build(
     pre_process: bool = True,
     post_process: bool = True,
     vp_stage: int | None = None,
+    padded_vocab_size: int | None = None,
 ) -> GPTModel:
+    """The model over `vocab_size` pieces, its embedding and output layer padded to
+    `padded_vocab_size` rows (None: megatron-core's padding for this layout; a checkpoint written
+    under another tensor-parallel size keeps its own), the padding never given probability."""
     from megatron.core.models.gpt import GPTModel
 
     m = cfg.model
     config = transformer_config(cfg, backend)
+    padded = padded_vocab_size or padded_vocab(vocab_size, m, cfg.parallel.tensor)
     model = GPTModel(
         config=config,
         transformer_layer_spec=backend.layer_spec(cfg, config, vp_stage),
-        vocab_size=padded_vocab(vocab_size, m, cfg.parallel.tensor),
+        vocab_size=padded,
         max_sequence_length=m.max_position_embeddings or m.seq_length,
         pre_process=pre_process,
         post_process=post_process,
@@ -85,4 +91,6 @@ def build(
         rotary_base=m.rotary_base,
         vp_stage=vp_stage,
     )
+    if post_process:
+        mask_padding(model.output_layer, vocab_size, padded)
     return backend.adapt_model(model)

@@ -64,9 +64,15 @@ def data_overrides(prepared: str | Path | None) -> list[str]:
 def combined(earlier: list[str], given: list[str]) -> list[str]:
     """`earlier` overrides, less those `given` sets again, then `given`. A group given again
     (model=gpt-350m) keeps the values set inside it before (model.hidden_size=1024), as
-    replaying the earlier command lines would: give those again to change them."""
-    again = {key_of(o) for o in given}
-    return [o for o in earlier if key_of(o) not in again] + given
+    replaying the earlier command lines would: give those again to change them. A deletion
+    (~data.sources.code) keeps what it deletes before it (+data.sources.code={...})."""
+    again = set_again(given)
+    return [o for o in earlier if key_of(o) not in again and o not in given] + given
+
+
+def set_again(given: list[str]) -> set[str]:
+    """The keys `given` sets (a deletion sets nothing)."""
+    return {key_of(o) for o in given if not o.startswith("~")}
 
 
 def for_run(paths: RunPaths, prepared: str | None, given: list[str]) -> list[str]:

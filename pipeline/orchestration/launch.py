@@ -11,13 +11,22 @@ from pathlib import Path
 from pipeline import config
 from pipeline.config import PipelineConfig
 from pipeline.core import files
+from pipeline.core.errors import ConfigError
 from pipeline.core.lock import run_lock
 from pipeline.core.paths import RunPaths
 from pipeline.core.steps import Placement
 from pipeline.data.datasets import vocab_size
 from pipeline.exporting.steps import EXPORT
 from pipeline.exporting.steps import folder as export_folder
-from pipeline.orchestration import executors, graph, history, partitions, reruns, sweep
+from pipeline.orchestration import (
+    executors,
+    graph,
+    history,
+    partitions,
+    reruns,
+    slurm_queue,
+    sweep,
+)
 from pipeline.orchestration.reruns import Verdict
 from pipeline.planning import preflight, render
 
@@ -40,7 +49,15 @@ def launch(cfg: PipelineConfig, given: list[str]) -> int:
         preflight.check_epochs(cfg)
     verdicts = reruns.judge(cfg)
     reruns.refuse_changes(cfg, verdicts)
-    if cfg.cluster.executor == "slurm" and not cfg.dry_run:  # the queue would hold it forever
+    if cfg.cluster.executor == "slurm" and not cfg.dry_run:
+        problem = slurm_queue.slurm_problem()
+        if problem:
+            raise ConfigError(
+                f"cluster: cluster={cfg.cluster.name} submits jobs to Slurm, but {problem}; run "
+                "this on the cluster's login node, give cluster=local to run here, or "
+                "dry_run=true to print the job scripts"
+            )
+        # a job no node can run: the queue would hold it forever
         partitions.check_fits(cfg, [v.step for v in verdicts if v.state in reruns.RUN])
     if cfg.dry_run:
         _run_pending(cfg, verdicts, prepare=False)

@@ -25,13 +25,22 @@ FAILED = {
 
 def slurm_answers() -> bool:
     """sbatch is installed and a Slurm controller answers (installed alone is not enough)."""
+    return slurm_problem() is None
+
+
+def slurm_problem() -> str | None:
+    """Why jobs cannot be submitted from here, or None when sbatch is installed and a Slurm
+    controller answers."""
     if not shutil.which("sbatch"):
-        return False
+        return "sbatch is not on PATH here"
     try:
         probe = subprocess.run(["sinfo", "-h", "-o", "%P"], capture_output=True, timeout=15)
     except (OSError, subprocess.TimeoutExpired):
-        return False
-    return probe.returncode == 0
+        return "sinfo did not answer within 15 s"
+    if probe.returncode != 0:
+        said = probe.stderr.decode(errors="replace").strip().splitlines()
+        return f"no Slurm controller answers ({said[-1] if said else 'sinfo failed'})"
+    return None
 
 
 def latest_submission(paths: RunPaths) -> dict[str, list[str]]:

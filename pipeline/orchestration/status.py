@@ -1,11 +1,12 @@
 """Each step's state, from its completion marker and what it records it was made from, and,
 for submitted jobs, from Slurm: COMPLETE, RUNS AGAIN (and why), REFUSED (and why), PENDING,
-RUNNING, FAILED (with why: Slurm's reason, or the error of a local run), NOT RUN."""
+RUNNING (a Slurm job, or the launcher that holds the run folder here, with its pid), FAILED
+(with why: Slurm's reason, or the error of a local run), NOT RUN."""
 
 from __future__ import annotations
 
 from pipeline.config import PipelineConfig
-from pipeline.core import files
+from pipeline.core import files, lock
 from pipeline.core.paths import RunPaths
 from pipeline.orchestration import graph, reruns
 from pipeline.orchestration.slurm_queue import FAILED, latest_submission, slurm_states
@@ -28,6 +29,8 @@ def describe(cfg: PipelineConfig) -> list[tuple[str, str, str]]:
     verdicts = {v.step.name: v for v in reruns.judge(cfg)}
     latest = latest_submission(paths)
     states = slurm_states([j for ids in latest.values() for j in ids]) if latest else {}
+    live = lock.holder(paths.root)  # a launcher running the steps here, this moment
+    running = None
     rows = []
     failed_before = None
     for step in graph.steps(cfg):
@@ -36,6 +39,13 @@ def describe(cfg: PipelineConfig) -> list[tuple[str, str, str]]:
         failure = files.read_json_or_none(paths.failure(step.name))
         if verdict.state == "complete":
             rows.append((step.name, "COMPLETE", "marker present, made from these settings"))
+            continue
+        if live and not ids:  # run by that launcher: the first step it has not completed
+            if running is None:
+                running = step.name
+                rows.append((step.name, "RUNNING", _launcher(live)))
+            else:
+                rows.append((step.name, "PENDING", f"runs after {running} in that launcher"))
             continue
         if verdict.differences:
             rows.append((step.name, STATES[verdict.state], verdict.describe()))
@@ -66,6 +76,13 @@ def describe(cfg: PipelineConfig) -> list[tuple[str, str, str]]:
             detail += _where_training_runs(paths)
         rows.append((step.name, "/".join(names), detail))
     return rows
+
+
+def _launcher(live: dict) -> str:
+    return (
+        f"pid {live.get('pid')} on {live.get('host')} since {live.get('since')} "
+        f"({live.get('command')})"
+    )
 
 
 def _where_training_runs(paths: RunPaths) -> str:

@@ -28,7 +28,7 @@ import torch
 import torch.distributed as dist
 
 from pipeline.core import files
-from pipeline.core.errors import NonFinite
+from pipeline.core.errors import ConfigError, NonFinite
 from pipeline.core.paths import BEST_CHECKPOINT as BEST
 from pipeline.core.paths import CHECKPOINT_TRACKER as TRACKER
 from pipeline.model.dist_checkpoint import FOLDER
@@ -326,13 +326,27 @@ def best(root: Path, checksums: bool = True) -> Path | None:
 
 def verified(root: Path, choice: str) -> Path:
     """The valid checkpoint that eval.checkpoint=`choice` names (best, latest or a folder), or
-    FileNotFoundError saying there is none."""
+    a ConfigError saying, in one line, why there is none."""
     if choice in ("best", "latest"):  # each returns a verified checkpoint, or None
         folder = {"best": best, "latest": latest}[choice](root)
-    else:
-        folder = Path(choice) if is_valid(Path(choice)) else None
-    if folder is None:
-        raise FileNotFoundError(f"eval.checkpoint={choice}: no valid checkpoint under {root}")
+        if folder is None:
+            raise ConfigError(f"eval.checkpoint={choice}: no valid checkpoint under {root}")
+        return folder.resolve()
+    folder = Path(choice).expanduser()
+    key = "eval.checkpoint"
+    if not folder.exists():
+        raise ConfigError(f"{key}: {choice} does not exist")
+    if not folder.is_dir():
+        raise ConfigError(f"{key}: {choice} is a file; give a checkpoint folder, best or latest")
+    inside = finished(folder)
+    if inside:
+        raise ConfigError(
+            f"{key}: {choice} is a folder of checkpoints; give one of them ({inside[-1]}), "
+            "best or latest"
+        )
+    why = problem(folder)
+    if why is not None:
+        raise ConfigError(f"{key}: {choice} is not a whole, valid checkpoint ({why})")
     return folder.resolve()
 
 

@@ -36,11 +36,16 @@ def _forward_step(device: torch.device, data_iterator, model):
 
 
 class Engine:
-    def __init__(self, cfg: PipelineConfig, vocab_size: int):
+    def __init__(self, cfg: PipelineConfig, vocab_size: int, padded_vocab_size: int | None = None):
+        """`vocab_size`: the tokenizer's pieces; `padded_vocab_size`: the rows of a checkpoint
+        written under another tensor-parallel size (None: this layout's padding)."""
         from megatron.core import parallel_state, tensor_parallel
 
         self.cfg = cfg
         self.vocab_size = vocab_size
+        self.padded_vocab_size = padded_vocab_size or padded_vocab(
+            vocab_size, cfg.model, cfg.parallel.tensor
+        )
         self.backend = backends.select(cfg)
         self.device = self.backend.device
         self.rank = distributed.init("nccl" if self.device.type == "cuda" else "gloo")
@@ -94,6 +99,7 @@ class Engine:
                     ignore_virtual=False, vp_stage=vp_stage
                 ),
                 vp_stage=vp_stage,
+                padded_vocab_size=self.padded_vocab_size,
             )
             chunks.append(chunk.to(self.device))
         return chunks
@@ -107,7 +113,7 @@ class Engine:
             "tensor": p.tensor,
             "pipeline": p.pipeline,
             "virtual_pipeline": p.virtual_pipeline,
-            "padded_vocab_size": padded_vocab(self.vocab_size, self.cfg.model, p.tensor),
+            "padded_vocab_size": self.padded_vocab_size,
             "precision": self.cfg.train.precision,
             "backend": self.backend.name,
         }

@@ -58,6 +58,7 @@ CONTINUABLE = {
     "train.save_interval",
     "train.keep_last",
     "train.nonfinite",
+    "train.max_skipped_in_a_row",
 }
 
 

@@ -64,6 +64,7 @@ class RunState:
     val_loss: float | None = None
     best_val_loss: float | None = None
     skipped_steps: int = 0
+    skipped_in_a_row: int = 0  # non-finite steps since the last update (train.max_skipped_in_a_row)
     train_seconds: float = 0.0  # in training steps
     wall_seconds: float = 0.0  # of the stage, over all attempts, up to their last save
     tokens: int = 0
@@ -129,6 +130,16 @@ class Trainer(Engine):
             f"{what}: {why}, update skipped ({st.skipped_steps} skipped so far, "
             f"train.nonfinite={t.nonfinite})"
         )
+        if not scaler_overflow:
+            st.skipped_in_a_row += 1
+        if st.skipped_in_a_row >= t.max_skipped_in_a_row:
+            self._saved(self.saver.wait())
+            raise NonFinite(
+                f"step {st.step}: the last {st.skipped_in_a_row} updates were all skipped as not "
+                f"finite (train.max_skipped_in_a_row={t.max_skipped_in_a_row}): training has "
+                "diverged; stopped without saving, the earlier checkpoints are kept: lower "
+                "train.lr or check the data, then rerun"
+            )
 
     # --- checkpoints --------------------------------------------------------------------------
 
@@ -298,7 +309,9 @@ class Trainer(Engine):
             self._saved(self.saver.poll())  # a checkpoint written meanwhile is completed
             st.consumed_samples += t.global_batch_size
             st.tokens += tokens_per_step
-            if not updated:
+            if updated:
+                st.skipped_in_a_row = 0
+            else:
                 st.skipped_steps += 1
                 self._skipped_update(loss, grad_norm)
             if math.isfinite(loss):

@@ -89,10 +89,10 @@ def test_pipeline_stage_checkpoint_in_one_process_gives_the_stages_validation_lo
     state = files.read_json(folder / "state.json")
     assert state["layout"]["pipeline"] == 2 and state["layout"]["virtual_pipeline"] == 2
     local = single_device(cfg)
-    engine = Engine(local, state["layout"]["padded_vocab_size"])
+    manifest = datasets.load_manifest(RunPaths.of(workdir))
+    engine = Engine(local, manifest["vocab_size"], state["layout"]["padded_vocab_size"])
     assert len(engine.chunks) == 1
     checkpoint.load(folder, engine.backend, engine.chunks, None)
-    manifest = datasets.load_manifest(RunPaths.of(workdir))
     [validation] = evalsets.validation_sets(local, manifest, engine.dp_size).values()
     loss, _ = engine.loss_over(validation, cfg.train.micro_batch_size, None)
     assert abs(loss - state["val_loss"]) <= 1e-5 * loss, (loss, state["val_loss"])

@@ -73,7 +73,7 @@ def _megatron(cfg: PipelineConfig) -> tuple[torch.nn.Module, object]:
     manifest = files.read_json(paths.manifest)
     folder = checkpoint.verified(paths.checkpoints, "best")
     layout = files.read_json(folder / "state.json")["layout"]
-    engine = Engine(single_device(cfg), layout["padded_vocab_size"])
+    engine = Engine(single_device(cfg), manifest["vocab_size"], layout["padded_vocab_size"])
     checkpoint.load(folder, engine.backend, engine.chunks, None)
     model = engine.chunks[0].eval()
     return model, load(manifest["tokenizer"])
@@ -181,7 +181,7 @@ def test_a_transformers_llama_goes_through_the_pipeline_and_back(tokenized, tmp_
 
     # read as the training job reads it, into a megatron-core model
     convert(tmp_path / "llama", cfg.model, padded, tmp_path / "init")
-    engine = Engine(single_device(cfg), padded)
+    engine = Engine(single_device(cfg), vocab, padded)
     dist_checkpoint.load_weights(tmp_path / "init", engine.chunks)
     model = engine.chunks[0].eval()
     hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "llama").eval()

@@ -1,15 +1,18 @@
 """The model the pipeline builds with megatron-core: its parameters are what the plan counts,
 for differently shaped models (GeLU or SwiGLU, LayerNorm or RMSNorm, MHA, GQA or MQA, tied or
-untied embeddings, learned or rotary positions)."""
+untied embeddings, learned or rotary positions); its padding rows of the vocabulary get no
+probability."""
 
 from __future__ import annotations
 
 import pytest
+import torch
 
 from pipeline.model import gpt
 from pipeline.model.backends.cpu import CpuBackend
 from pipeline.model.parameters import count_parameters, parameter_count, stage_params
 from pipeline.model.sizes import padded_vocab
+from pipeline.model.vocab_padding import first_padding_column
 from pipeline.runtime import distributed
 from tests.conftest import make_config
 
@@ -107,3 +110,44 @@ def test_parameter_count_equals_the_built_megatron_model(shape, model_parallel, 
     assert planned["padded_vocab"] == model.vocab_size == padded_vocab(vocab, cfg.model, 1)
     # one GPU holds the whole model
     assert stage_params(cfg.model, vocab, 1, 1, 0)["total"] == built["total"]
+
+
+def test_the_vocabulary_padding_gets_no_probability_and_no_gradient(model_parallel, tmp_path):
+    """1000 pieces padded to 1024 rows: the loss is that of a softmax over the 1000 real
+    logits (what the exported model computes), and the padding rows learn nothing from it."""
+    cfg = make_config(tmp_path, *SHAPES["llama-like"][0], "model.seq_length=16")
+    vocab = 1000
+    torch.manual_seed(0)
+    model = gpt.build(cfg, vocab, CpuBackend())
+    assert model.vocab_size == 1024
+    tokens = torch.randint(0, vocab, (2, 16))
+    positions = torch.arange(16).expand(2, 16)
+    logits = model(tokens, positions, None)
+    assert (logits[..., vocab:] == torch.finfo(logits.dtype).min).all()
+    labels = torch.randint(0, vocab, (2, 16))
+    loss = model(tokens, positions, None, labels=labels)
+    real = torch.nn.functional.cross_entropy(
+        logits[..., :vocab].flatten(0, 1), labels.flatten(), reduction="none"
+    )
+    torch.testing.assert_close(loss.flatten(), real, rtol=1e-6, atol=1e-6)
+    loss.sum().backward()
+    grad = model.output_layer.weight.grad
+    assert grad[vocab:].abs().max() == 0 and grad[:vocab].abs().max() > 0
+
+
+@pytest.mark.parametrize(
+    ("width", "rank", "first"),
+    [
+        (1024, 0, 1000),  # one rank, or gathered logits: the whole padded vocabulary
+        (512, 0, 512),  # two ranks: the first shard holds no padding
+        (512, 1, 488),  # the second holds ids 512..1023, 1000 onwards padding
+        (256, 3, 232),
+        (256, 2, 256),
+    ],
+)
+def test_each_tensor_parallel_shard_masks_its_own_padding_columns(width, rank, first):
+    assert first_padding_column(1000, 1024, width, rank) == first
+
+
+def test_a_shard_of_padding_alone_is_masked_whole():
+    assert first_padding_column(64, 256, 128, 1) == 0  # ids 128..255: all padding

@@ -135,3 +135,40 @@ def test_weights_that_are_not_finite_are_never_saved(run_copy):
     assert saved_weights_are_finite(paths.checkpoints)
     assert (paths.checkpoints / checkpoint.TRACKER).read_text().strip() == "iter_0000010"
     assert not paths.train_done.exists()
+
+
+def test_updates_skipped_many_times_in_a_row_stop_a_diverged_run(run_copy):
+    """From step 12 on every loss is NaN: the run stops at the fourth skip in a row
+    (train.max_skipped_in_a_row=4), saying so, instead of 'finishing' on frozen weights."""
+    trainer = trainer_of(changed(run_copy, "train", max_skipped_in_a_row=4))
+    poison_loss(trainer, step=7)  # one skip, then updates again: the count starts over
+
+    def always(module, inputs, output):
+        return output * math.nan if module.training and trainer.state.step >= 11 else None
+
+    trainer.chunks[0].register_forward_hook(always)
+    stopped = (
+        r"^step 15: the last 4 updates were all skipped as not finite "
+        r"\(train.max_skipped_in_a_row=4\): training has diverged; stopped"
+    )
+    with pytest.raises(NonFinite, match=stopped):
+        trainer.fit()
+    paths = RunPaths.of(run_copy.workdir)
+    assert [p.name for p in paths.checkpoints.glob("iter_*")] == [checkpoint.folder_name(10)]
+    assert not paths.train_done.exists()
+
+
+def test_a_perplexity_beyond_floating_point_is_reported_as_infinite(run_copy):
+    """Weights drawn 2,500 times too wide give logits in the thousands and a finite test loss
+    of hundreds of nats, whose exp overflows: the evaluation reports perplexity inf (a
+    diverged model's figure) instead of failing."""
+    from pipeline.evaluation.steps import EVALUATE
+
+    cfg = changed(run_copy, "model", init_method_std=50.0)
+    cfg = changed(cfg, "train", lr=1e-9, min_lr=0.0)
+    TRAIN.run(cfg)
+    result = EVALUATE.run(changed(cfg, "eval", max_batches=2))
+    assert math.isfinite(result["test_loss"]) and result["test_loss"] > 710  # exp(710) overflows
+    assert result["test_ppl"] == math.inf
+    report = (RunPaths.of(cfg.workdir).report).read_text()
+    assert "| test_ppl | inf |" in report

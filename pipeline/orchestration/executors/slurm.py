@@ -58,10 +58,13 @@ def srun_args(cfg: PipelineConfig) -> list[str]:
     return [*args, *c.srun_args]
 
 
-def _executor(cfg: PipelineConfig, step: Step, after: str | None):
+def _executor(cfg: PipelineConfig, step: Step, after: str | None, submits: bool = True):
+    """submitit's executor for `step`; one that only renders its script (`submits=False`, a
+    dry run) needs no Slurm on this machine (submitit's own refuses to start without srun)."""
     import submitit
 
-    executor = submitit.SlurmExecutor(folder=str(RunPaths.of(cfg.workdir).job_logs(step.name)))
+    kind = submitit.SlurmExecutor if submits else _script_writer()
+    executor = kind(folder=str(RunPaths.of(cfg.workdir).job_logs(step.name)))
     params = slurm_parameters(cfg, step)
     if after:
         params["additional_parameters"]["dependency"] = f"afterok:{after}"
@@ -71,9 +74,20 @@ def _executor(cfg: PipelineConfig, step: Step, after: str | None):
     return executor
 
 
+def _script_writer() -> type:
+    import submitit
+
+    class ScriptWriter(submitit.SlurmExecutor):
+        @classmethod
+        def affinity(cls) -> int:  # what submitit checks for srun; rendering never runs it
+            return 1
+
+    return ScriptWriter
+
+
 def script(cfg: PipelineConfig, step: Step, after: str | None) -> str:
     """The sbatch script submitit would write for `step`, `after` the job it depends on."""
-    executor = _executor(cfg, step, after)
+    executor = _executor(cfg, step, after, submits=False)
     # submitit writes the script only as it submits: its own renderer, with a placeholder id
     text = executor._make_submission_file_text(executor._submitit_command_str, "<id>")
     if step.placement is Placement.ARRAY:  # submitit adds --array as it submits, too
