@@ -154,3 +154,33 @@ def test_status_says_what_each_step_was_made_from_and_why_one_failed(run, tmp_pa
     assert failed.returncode == 1
     row = next(line for line in failed.stdout.splitlines() if line.strip().startswith("evaluate"))
     assert "FAILED" in row and "no valid checkpoint" in row
+
+
+def test_status_names_the_step_a_live_launcher_runs_and_its_pid(run):
+    """While a launcher holds the run folder (here one that holds its lock as a launch does),
+    the first step it has not completed is RUNNING with its pid, not 'run make pretrain',
+    which would be refused; once it is gone the step is what its outputs say."""
+    (run / "eval" / "DONE.json").unlink()
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import time; from pathlib import Path; from pipeline.core.lock import run_lock\n"
+            f"with run_lock(Path({str(run)!r})):\n    print('held', flush=True); time.sleep(60)",
+        ],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        live = status(f"workdir={run}")
+    finally:
+        holder.kill()
+        holder.wait()
+    assert live.returncode == 0, live.stderr
+    row = next(x for x in live.stdout.splitlines() if x.strip().startswith("evaluate"))
+    assert row.split()[1] == "RUNNING" and f"pid {holder.pid} on " in row, live.stdout
+    after = status(f"workdir={run}")
+    row = next(x for x in after.stdout.splitlines() if x.strip().startswith("evaluate"))
+    assert "RUNNING" not in row and "make pretrain" in row, after.stdout
