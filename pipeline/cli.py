@@ -26,7 +26,7 @@ from omegaconf import DictConfig
 
 from pipeline import config
 from pipeline.config import PipelineConfig
-from pipeline.config.compose import CONF
+from pipeline.config.compose import CONF, not_a_choice
 from pipeline.core import files
 from pipeline.core.errors import ConfigError, RunLocked, StageError
 from pipeline.core.paths import RunPaths
@@ -74,6 +74,8 @@ def overrides_problem(message: str) -> str:
     """Hydra's or OmegaConf's message about an override, as one line starting with the key."""
     full_key = re.search(r"full_key: (\S+)", message)
     key = full_key[1] if full_key else None
+    if not_a_choice(message):
+        return not_a_choice(message)
     if key and "not in" in message:
         return f"{key}: not a setting of this pipeline{_nearest(key)}"
     converted = re.search(r"Value '(.*)' of type '\w+' could not be converted to (\w+)", message)

@@ -144,7 +144,13 @@ def test_every_entry_point_has_its_own_help(entry, tmp_path):
     assert result.returncode == 0 and result.stderr == ""
     assert result.stdout.startswith(f"usage: python -m {entry} ")
     assert "  model=       gpt-1.3b, gpt-125m," in result.stdout  # the groups, from conf/
-    assert "train.steps, train.global_batch_size" in result.stdout
+    assert (
+        "\n  train.steps                  training steps; more continues a run\n" in result.stdout
+    )
+    assert (
+        "  train.precision              the math's precision (fp32 | bf16 | fp16 | fp8)"
+        in result.stdout
+    )
     assert "Examples:\n  python -m " + entry in result.stdout
 
 
