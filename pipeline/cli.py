@@ -27,11 +27,13 @@ from omegaconf import DictConfig
 from pipeline import config
 from pipeline.config import PipelineConfig
 from pipeline.config.compose import CONF, not_a_choice
-from pipeline.core import files
+from pipeline.core import files, log
 from pipeline.core.errors import ConfigError, RunLocked, StageError
 from pipeline.core.paths import RunPaths
 from pipeline.orchestration import history, sweep
 from pipeline.planning import auto
+
+_log = log.get()
 
 __all__ = ["CONF", "run", "fail"]
 
@@ -44,7 +46,7 @@ def fail(message: str, code: int) -> None:
     """One line for the user, and exit; with PIPELINE_DEBUG=1, the traceback before it."""
     if os.environ.get("PIPELINE_DEBUG") == "1" and sys.exc_info()[0] is not None:
         traceback.print_exc()
-    print(f"error: {message}", file=sys.stderr)
+    _log.error(f"error: {message}")
     sys.exit(code)
 
 

@@ -12,7 +12,7 @@ from pipeline.config.compose import CONF
 
 USAGE = {
     "pipeline": (
-        "python -m pipeline [KEY=VALUE ...]   (make pretrain ARGS='KEY=VALUE ...')",
+        "python -m pipeline [-q] [KEY=VALUE ...]   (make pretrain ARGS='KEY=VALUE ...')",
         "Tokenize, train and evaluate: runs each step here (cluster=local) or submits them to\n"
         "Slurm as jobs chained by afterok (cluster=slurm, the default where Slurm answers). A\n"
         "rerun with the same workdir resumes, continues or refuses; it never reuses what was\n"

@@ -22,6 +22,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from pipeline.config import derived
 from pipeline.config.schema import PipelineConfig, SourceConfig
+from pipeline.config.split import Split
 from pipeline.config.validate import validate
 from pipeline.core.errors import ConfigError
 
@@ -60,6 +61,7 @@ def typed(composed: DictConfig) -> PipelineConfig:
         raise ConfigError(f"{missing[0]}: needs a value (it is ??? in the config)")
     _refuse_unknown_keys(composed, PipelineConfig, "")
     cfg = OmegaConf.to_object(composed)
+    cfg.data.split = Split.of(cfg.data.split)  # parsed once, here
     cfg.data.sources = {name: source(name, value) for name, value in cfg.data.sources.items()}
     return cfg
 
@@ -158,7 +160,8 @@ def not_a_choice(message: str) -> str | None:
 
 
 def to_yaml(cfg: PipelineConfig) -> str:
-    return OmegaConf.to_yaml(OmegaConf.structured(cfg))
+    data = dataclasses.replace(cfg.data, split=str(cfg.data.split))  # as the text it is
+    return OmegaConf.to_yaml(OmegaConf.structured(dataclasses.replace(cfg, data=data)))
 
 
 def read(path: str | Path) -> PipelineConfig:

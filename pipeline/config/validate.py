@@ -16,6 +16,7 @@ import re
 from pipeline.config import derived, keys
 from pipeline.config.keys import value_at
 from pipeline.config.schema import AUTO, STAGES, PipelineConfig
+from pipeline.config.split import Split
 from pipeline.core.errors import ConfigError
 
 
@@ -206,15 +207,7 @@ def _validate_data(cfg: PipelineConfig) -> None:
     if "tokenize" in cfg.stages:
         for pattern in d.inputs:
             _readable_files(pattern, "data.inputs")
-    try:
-        weights = [float(x) for x in d.split.split(",")]
-    except ValueError:
-        raise ConfigError(f"data.split: {d.split!r} is not three comma-separated numbers") from None
-    _require(
-        len(weights) == 3 and all(math.isfinite(w) and w >= 0 for w in weights),
-        "data.split",
-        "needs 3 weights >= 0",
-    )
+    weights = Split.of(d.split).weights
     _require(weights[0] > 0, "data.split", "the training weight must be positive")
     _require(weights[1] > 0 or "train" not in cfg.stages, "data.split", "needs a validation share")
     _require(weights[2] > 0 or "evaluate" not in cfg.stages, "data.split", "needs a test share")

@@ -1,6 +1,6 @@
 """What a step says to whatever runs it: where it runs, and that it stopped early.
 
-A user-facing stage (tokenize, train, evaluate) is one or more steps, each a job of its own
+A user-facing stage (tokenize, train, evaluate, export) is one or more steps, each a job of its own
 on a cluster: tokenizer, tokenize (an array), verify, index, train, evaluate, export. A step
 is an object in its package's steps.py, a `Step`: it checks its own completion marker, so
 running it again is always safe (`MarkedStep` does this for the steps of one marker, which

@@ -136,6 +136,8 @@ def test_one_step_by_hand_then_its_marker_makes_it_a_no_op(tmp_path):
     assert (tmp_path / "run" / "tokenizer" / "tokenizer.json").exists()
     again = module("pipeline.step", "tokenizer", *args)
     assert again.returncode == 0 and "[pipeline] tokenizer: already complete" in again.stderr
+    quiet = module("pipeline.step", "tokenizer", "-q", *args)  # warnings and errors only
+    assert quiet.returncode == 0 and "already complete" not in quiet.stderr, quiet.stderr
 
 
 @pytest.mark.parametrize("entry", ["pipeline", "pipeline.step", "pipeline.plan", "pipeline.status"])

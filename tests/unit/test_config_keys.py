@@ -135,3 +135,12 @@ def test_a_switch_added_by_its_schema_field_alone_is_treated_right(tmp_path):
     assert history.settings_overrides(["train.fused_widget=true", "cluster.nodes=2"]) == [
         "train.fused_widget=true"
     ]
+
+
+@pytest.mark.parametrize("given", ["data.split=[98,1,1]", "data.split='98,1,1'"])
+def test_the_split_is_parsed_once_from_its_string_or_list_form(given, tmp_path):
+    cfg = make_config(tmp_path, given)
+    assert cfg.data.split == "98,1,1" and cfg.data.split.weights == (98.0, 1.0, 1.0)
+    assert "split: 98,1,1\n" in to_yaml(cfg)  # the run's config.yaml, as before
+    with pytest.raises(ConfigError, match=r"^data.split: needs 3 weights >= 0$"):
+        make_config(tmp_path, "data.split=[90,5]")
