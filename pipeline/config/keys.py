@@ -82,7 +82,7 @@ class Key:
 
 def key(
     default: Any = dataclasses.MISSING,
-    role: Role = Role.OUTPUT,
+    role: Role | None = None,
     help: str = "",
     *,
     factory: Callable[[], Any] | None = None,
@@ -92,7 +92,10 @@ def key(
     common: bool = False,
 ) -> Any:
     """A schema field with its key's metadata: the default (or a `factory` for a list or a
-    dict), its role, a one-line help, and what else applies."""
+    dict), its role, a one-line help, and what else applies. A key without a role is refused
+    as the schema is defined: no default could be right for all keys."""
+    if role is None:
+        raise TypeError("key(): give the key's role (Role.OUTPUT, CONTINUE or NOT_SETTING)")
     meta = {"key": Key(role, help, bound, command, script, common)}
     if factory is not None:
         return dataclasses.field(default_factory=factory, metadata=meta)
@@ -147,13 +150,6 @@ def leaf(schema: Any, name: str) -> Leaf | None:
         if name == found.name or name.startswith(found.name + "."):
             return found
     return None
-
-
-def sections(schema: Any) -> list[str]:
-    cls = schema if isinstance(schema, type) else type(schema)
-    return [
-        f.name for f in dataclasses.fields(cls) if dataclasses.is_dataclass(_hints(cls)[f.name])
-    ]
 
 
 def value_at(cfg: Any, name: str) -> Any:

@@ -20,7 +20,9 @@ from pipeline.orchestration import history
 from pipeline.training.steps import TRAIN
 from tests.conftest import ROOT, make_config
 
-SECTIONS = keys.sections(PipelineConfig)
+SECTIONS = sorted(
+    {leaf.name.split(".")[0] for leaf in keys.leaves(PipelineConfig) if "." in leaf.name}
+)
 # A dotted word in a string of the package that starts with a section's name: "train.lr"
 DOTTED = re.compile(rf"(?<![\w./-])(?:{'|'.join(SECTIONS)})\.[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*")
 FILE_NAME = re.compile(r"\.(json|jsonl|pt|safetensors|model|txt|log|yaml)$")
@@ -39,6 +41,8 @@ def test_every_leaf_key_tells_its_role_and_help():
             assert leaf.info.role is Role.NOT_SETTING, leaf.name
         if leaf.choices is not None:  # members hash and compare as their strings
             assert all(m.name == m.value for m in leaf.type), leaf.name
+    with pytest.raises(TypeError, match="give the key's role"):
+        key(1, help="a key whose role was forgotten")
 
 
 def _strings(path: Path) -> list[tuple[int, str]]:
