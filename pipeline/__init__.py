@@ -1,4 +1,4 @@
-"""GPT pretraining on Slurm clusters with megatron-core: tokenize, train, evaluate.
+"""GPT pretraining on Slurm clusters with megatron-core: tokenize, train, evaluate, export.
 
 The package, from the ground up (each imports only what stands above it here; README's "How
 the code is laid out" has the exact table):

@@ -26,12 +26,14 @@ from omegaconf import DictConfig
 
 from pipeline import config
 from pipeline.config import PipelineConfig
-from pipeline.config.compose import CONF
-from pipeline.core import files
+from pipeline.config.compose import CONF, not_a_choice
+from pipeline.core import files, log
 from pipeline.core.errors import ConfigError, RunLocked, StageError
 from pipeline.core.paths import RunPaths
 from pipeline.orchestration import history, sweep
 from pipeline.planning import auto
+
+_log = log.get()
 
 __all__ = ["CONF", "run", "fail"]
 
@@ -44,7 +46,7 @@ def fail(message: str, code: int) -> None:
     """One line for the user, and exit; with PIPELINE_DEBUG=1, the traceback before it."""
     if os.environ.get("PIPELINE_DEBUG") == "1" and sys.exc_info()[0] is not None:
         traceback.print_exc()
-    print(f"error: {message}", file=sys.stderr)
+    _log.error(f"error: {message}")
     sys.exit(code)
 
 
@@ -122,6 +124,8 @@ def overrides_problem(message: str) -> str:
     """Hydra's or OmegaConf's message about an override, as one line starting with the key."""
     full_key = re.search(r"full_key: (\S+)", message)
     key = full_key[1] if full_key else None
+    if not_a_choice(message):
+        return not_a_choice(message)
     if key and "not in" in message:
         return f"{key}: not a setting of this pipeline{_nearest(key)}"
     converted = re.search(r"Value '(.*)' of type '\w+' could not be converted to (\w+)", message)

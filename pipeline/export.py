@@ -12,21 +12,25 @@ from omegaconf import DictConfig
 
 from pipeline import cli, usage
 from pipeline.config import PipelineConfig
+from pipeline.core import log
 from pipeline.core.errors import ConfigError
 from pipeline.core.paths import RunPaths
 from pipeline.exporting.steps import EXPORT, folder
+
+_log = log.get("pipeline")
 
 
 def export(cfg: PipelineConfig) -> None:
     if not RunPaths.of(cfg.workdir).checkpoints.is_dir():
         raise ConfigError(f"workdir: {cfg.workdir} holds no checkpoints to export")
     if EXPORT.is_complete(cfg):
-        print(f"[pipeline] export: already complete ({folder(cfg)})", file=sys.stderr)
+        _log.info(f"export: already complete ({folder(cfg)})")
         return
     EXPORT.run(cfg)
 
 
 def main() -> None:
+    log.take_quiet(sys.argv)  # -q: warnings and errors only
     usage.answer_help("pipeline.export", sys.argv[1:])
     sys.argv[1:] = [f"export.{a}" if a.startswith("out=") else a for a in sys.argv[1:]]
     sys.argv[1:] = cli.check_overrides(sys.argv[1:])

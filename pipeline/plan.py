@@ -16,6 +16,7 @@ from omegaconf import DictConfig
 
 from pipeline import cli, usage
 from pipeline.config import PipelineConfig
+from pipeline.core import log
 from pipeline.core.errors import ConfigError
 from pipeline.planning.render import PlanOptions, plan_lines
 
@@ -85,6 +86,7 @@ def show(options: PlanOptions, cfg: PipelineConfig) -> None:
 
 
 def main() -> None:
+    log.take_quiet(sys.argv)  # -q: warnings and errors only
     usage.answer_help("pipeline.plan", sys.argv[1:])
     try:
         options, rest = pop_options(sys.argv[1:])

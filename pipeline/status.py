@@ -13,6 +13,7 @@ from omegaconf import DictConfig
 
 from pipeline import cli, config, usage
 from pipeline.config import PipelineConfig
+from pipeline.core import log
 from pipeline.core.errors import ConfigError
 from pipeline.core.paths import RunPaths
 from pipeline.orchestration.status import describe, is_failed
@@ -38,6 +39,7 @@ def main(composed: DictConfig) -> None:
 
 
 if __name__ == "__main__":
+    log.take_quiet(sys.argv)  # -q: warnings and errors only
     usage.answer_help("pipeline.status", sys.argv[1:])
     sys.argv[1:] = cli.check_overrides(sys.argv[1:])
     main()

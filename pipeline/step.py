@@ -2,7 +2,7 @@
 written by hand (see slurm/). Under srun every task calls it: the distributed environment
 comes from Slurm's variables, an array task's index from SLURM_ARRAY_TASK_ID.
 
-    STEP: tokenizer | tokenize | verify | index | train | evaluate
+    STEP: tokenizer | tokenize | verify | index | train | evaluate | export
 """
 
 from __future__ import annotations
@@ -16,10 +16,13 @@ from omegaconf import DictConfig
 
 from pipeline import cli, usage
 from pipeline.config import PipelineConfig
+from pipeline.core import log
 from pipeline.core.errors import ConfigError
 from pipeline.core.steps import Placement
 from pipeline.orchestration import graph, reruns
 from pipeline.orchestration.tasks import ArrayTask, DistributedTask
+
+_log = log.get("pipeline")
 
 
 def run_step(name: str, cfg: PipelineConfig) -> None:
@@ -34,7 +37,7 @@ def run_step(name: str, cfg: PipelineConfig) -> None:
     if "SLURM_JOB_ID" in os.environ:  # submitit's job environment reads Slurm's variables
         os.environ.setdefault("SUBMITIT_EXECUTOR", "slurm")
     if step.is_complete(cfg):
-        print(f"[pipeline] {name}: already complete", file=sys.stderr)
+        _log.info(f"{name}: already complete")
         return
     if step.placement is Placement.ARRAY:
         ArrayTask(step, cfg)(int(os.environ.get("SLURM_ARRAY_TASK_ID", "0")))
@@ -45,6 +48,7 @@ def run_step(name: str, cfg: PipelineConfig) -> None:
 
 
 def main() -> None:
+    log.take_quiet(sys.argv)  # -q: warnings and errors only
     usage.answer_help("pipeline.step", sys.argv[1:])
     name = sys.argv.pop(1) if len(sys.argv) > 1 and "=" not in sys.argv[1] else ""
     cli.check_overrides(sys.argv[1:])

@@ -7,11 +7,12 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from pipeline.config import PipelineConfig, keys
 from pipeline.config.compose import CONF
 
 USAGE = {
     "pipeline": (
-        "python -m pipeline [KEY=VALUE ...]   (make pretrain ARGS='KEY=VALUE ...')",
+        "python -m pipeline [-q] [KEY=VALUE ...]   (make pretrain ARGS='KEY=VALUE ...')",
         "Tokenize, train and evaluate: runs each step here (cluster=local) or submits them to\n"
         "Slurm as jobs chained by afterok (cluster=slurm, the default where Slurm answers). A\n"
         "rerun with the same workdir resumes, continues or refuses; it never reuses what was\n"
@@ -64,22 +65,16 @@ USAGE = {
     ),
 }
 
-COMMON_KEYS = """\
-  workdir=DIR                  the run folder (default runs/<model name>)
-  stages=[tokenize,train,evaluate]   the stages to run; force=STEP redoes STEP and those after
-  data.inputs=[GLOB,...]       JSONL or JSONL.gz files (data=jsonl); data.text_key=text
-  data.sources.NAME={inputs: [GLOB], weight: W}   a weighted mixture (data=mixture)
-  data.prepared=DIR            train on a run folder's tokenized data
-  tokenizer.vocab_size=N       tokenizer.model=FILE to use a trained sentencepiece model
-  model.num_layers, model.hidden_size, model.num_attention_heads, model.seq_length
-  parallel.tensor, parallel.pipeline, parallel.virtual_pipeline
-  train.steps, train.global_batch_size, train.micro_batch_size, train.lr, train.precision
-  train.save_interval, train.eval_interval, train.async_save, train.recompute
-  cluster.nodes, cluster.gpus_per_node, cluster.partition, cluster.time_limit, cluster.account
-  eval.checkpoint=best|latest|PATH
-  model.init_from=HF_DIR       start from a Hugging Face Llama's weights (and its tokenizer)
-  export.out=DIR, export.dtype=bf16|fp32   the export stage's Hugging Face folder
-"""
+
+def common_keys() -> str:
+    """The keys most runs change (common=True on their schema fields), each with its help."""
+    lines = []
+    for leaf in keys.leaves(PipelineConfig):
+        if leaf.info is None or not leaf.info.common:
+            continue
+        allowed = f" ({' | '.join(leaf.choices)})" if leaf.choices else ""
+        lines.append(f"  {leaf.name:<28} {leaf.info.help}{allowed}\n")
+    return "".join(lines)
 
 
 def groups() -> str:
@@ -97,7 +92,7 @@ def text(entry: str) -> str:
     return (
         f"usage: {usage}\n\n{what}\n\nConfig groups (GROUP=OPTION):\n{groups()}\n\n"
         f"Common keys (KEY=VALUE; the whole config: --cfg job; a key to add: +KEY=VALUE is\n"
-        f"refused, every setting already exists):\n{COMMON_KEYS}\nExamples:\n{example_lines}\n\n"
+        f"refused, every setting already exists):\n{common_keys()}\nExamples:\n{example_lines}\n\n"
         "Docs: README.md, docs/reliability.md. Hydra's own help: --hydra-help.\n"
     )
 

@@ -12,6 +12,7 @@ import dataclasses
 import difflib
 import hashlib
 import os
+import re
 import typing
 from collections.abc import Callable
 from pathlib import Path
@@ -21,6 +22,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from pipeline.config import derived
 from pipeline.config.schema import PipelineConfig, SourceConfig
+from pipeline.config.split import Split
 from pipeline.config.validate import validate
 from pipeline.core.errors import ConfigError
 
@@ -59,6 +61,7 @@ def typed(composed: DictConfig) -> PipelineConfig:
         raise ConfigError(f"{missing[0]}: needs a value (it is ??? in the config)")
     _refuse_unknown_keys(composed, PipelineConfig, "")
     cfg = OmegaConf.to_object(composed)
+    cfg.data.split = Split.of(cfg.data.split)  # parsed once, here
     cfg.data.sources = {name: source(name, value) for name, value in cfg.data.sources.items()}
     return cfg
 
@@ -133,15 +136,32 @@ def compose(
     with `check=False` only typed."""
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
 
     register()
     with initialize_config_dir(config_dir=CONF, version_base=None):
-        composed = hydra_compose("config", overrides=[f"workdir={workdir}", *overrides])
+        try:
+            composed = hydra_compose("config", overrides=[f"workdir={workdir}", *overrides])
+        except (HydraException, OmegaConfBaseException) as e:
+            choice = not_a_choice(f"{e}\n{e.__cause__}")
+            if choice is None:
+                raise
+            raise ConfigError(choice) from e
     return load(composed, settle=settle) if check else typed(composed)
 
 
+def not_a_choice(message: str) -> str | None:
+    """OmegaConf's refusal of a value that is none of a key's choices, in one line as
+    pipeline.config.validate words it; None for any other message."""
+    invalid = re.search(r"Invalid value '(.*)', expected one of \[(.*)\]", message)
+    key = re.search(r"full_key: (\S+)", message)
+    return f"{key[1]}: {invalid[1]!r} is not one of {invalid[2]}" if invalid and key else None
+
+
 def to_yaml(cfg: PipelineConfig) -> str:
-    return OmegaConf.to_yaml(OmegaConf.structured(cfg))
+    data = dataclasses.replace(cfg.data, split=str(cfg.data.split))  # as the text it is
+    return OmegaConf.to_yaml(OmegaConf.structured(dataclasses.replace(cfg, data=data)))
 
 
 def read(path: str | Path) -> PipelineConfig:

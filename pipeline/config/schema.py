@@ -1,5 +1,18 @@
-"""The config schema: one dataclass per section of conf/.
+"""The config schema: one dataclass per section of conf/, each leaf key declared once with its
+whole story (pipeline.config.keys):
 
+    name: type = key(default, ROLE, "help line", bound=..., command=..., script=..., common=...)
+
+- ROLE, required: OUTPUT (what an output is made from: changed, it is redone or refused),
+  CONTINUE (changed, a training goes on), NOT_SETTING (how, where or how fast: changed, every
+  output stays valid). Provenance records the OUTPUT and CONTINUE keys of a section.
+- choices: the field's type is a Choice enum (pipeline.config.choices);
+- bound=Bound.AT_LEAST_ONE | NOT_NEGATIVE | POSITIVE | FRACTION, checked by validate;
+- command=True (or `command(...)`): what to run, where and how; each command line's own, never
+  replayed from the run's history; script=True: the value is written into job scripts;
+- common=True: listed by --help with its help line.
+
+A new key needs nothing more than its field here, the code that reads it, and its test.
 Registered in Hydra's ConfigStore as `base_config` (pipeline.config.compose), so a typo or a
 wrong type in any YAML file or override fails at composition, naming the key. The composed
 config becomes an instance of `PipelineConfig` once, at the command line, and every step and
@@ -13,9 +26,19 @@ from typing import Any
 
 from omegaconf import MISSING
 
+from pipeline.config import choices as c
+from pipeline.config.keys import Bound, Role, command, key
+
 STAGES = ("tokenize", "train", "evaluate", "export")
 DEFAULT_STAGES = STAGES[:3]  # export: added to stages when wanted
 AUTO = "auto"  # train.micro_batch_size and train.recompute: the planner chooses
+# The sections the run that holds the data settles (data.prepared): a run that trains on
+# another's data takes these from that run's history
+DATA_SECTIONS = ("data", "tokenizer")
+
+OUTPUT, CONTINUE, NOT_SETTING = Role.OUTPUT, Role.CONTINUE, Role.NOT_SETTING
+AT_LEAST_ONE, NOT_NEGATIVE = Bound.AT_LEAST_ONE, Bound.NOT_NEGATIVE
+POSITIVE, FRACTION = Bound.POSITIVE, Bound.FRACTION
 
 
 @dataclass
@@ -29,177 +52,212 @@ class SourceConfig:
 
 @dataclass
 class DataConfig:
-    # JSONL / JSONL.gz globs of a corpus of one source; empty (and no sources): the built-in
-    # one. Each data group sets it, so that one that leaves it ??? is refused, not defaulted.
-    inputs: list[str] = MISSING
-    # A weighted mixture instead: name -> SourceConfig (inputs, text key, sampling weight).
-    # Untyped here, as OmegaConf cannot add typed entries from the command line
-    # (+data.sources.NAME={inputs:[GLOB],weight:W}); pipeline.config.compose checks each.
-    sources: dict[str, Any] = field(default_factory=dict)
-    prepared: str | None = None  # a run folder whose tokenize stage is complete: reuse its data
-    text_key: str = "text"
-    num_shards: int = 4
-    merge_into: int | None = None  # after tokenizing, concatenate each split's files into this many
-    # train, validation, test: each document's share, decided by a seeded hash of its text
-    split: str = "90,5,5"
-    split_seed: int = 1234
-    dedup: str = "none"  # none | exact: documents of the same text kept once in the whole corpus
-    # The plan warns when the training token budget repeats a source more often than this
-    warn_epochs: float = 4.0
-    strict: bool = False  # stop at the first bad record instead of counting it
-    # a run that would read a source more times than this is refused before it starts (the
-    # plan prints each source's epochs; data.warn_epochs warns earlier)
-    max_epochs: float = 1000.0
-    # the share of all records that may be bad (each is counted and logged in data/rejects/)
-    # before the run stops at verify, naming the reasons; a file none of whose records is a
-    # document stops it whatever this says
-    max_reject_fraction: float = 0.01
-    max_document_bytes: int = 64 * 1024 * 1024
-    builtin_corpus_bytes: int = 4_000_000
+    # Each data group sets it, so that one that leaves it ??? is refused, not defaulted
+    inputs: list[str] = key(
+        MISSING,
+        OUTPUT,
+        "JSONL / JSONL.gz globs of one source; empty: the built-in corpus",
+        common=True,
+    )
+    # Untyped, as OmegaConf cannot add typed entries from the command line
+    # (+data.sources.NAME={inputs:[GLOB],weight:W}); pipeline.config.compose checks each
+    sources: dict[str, Any] = key(
+        role=OUTPUT,
+        help="a weighted mixture: NAME={inputs: [GLOB], weight: W}",
+        factory=dict,
+        common=True,
+    )
+    prepared: str | None = key(
+        None, NOT_SETTING, "train on the tokenized data of this run folder", common=True
+    )
+    text_key: str = key("text", OUTPUT, "the JSON key of each record's text")
+    num_shards: int = key(4, OUTPUT, "tokenize tasks, one shard each")
+    merge_into: int | None = key(
+        None, OUTPUT, "concatenate each split's files into this many", bound=AT_LEAST_ONE
+    )
+    # a pipeline.config.split.Split once composed (OmegaConf types no union of str and list)
+    split: Any = key("90,5,5", OUTPUT, "train,validation,test shares: '90,5,5' or [90,5,5]")
+    split_seed: int = key(1234, OUTPUT, "the seed of the split's hash")
+    dedup: c.Dedup = key(c.Dedup.none, OUTPUT, "exact: documents of one text kept once")
+    warn_epochs: float = key(4.0, NOT_SETTING, "the plan warns past this many epochs of a source")
+    strict: bool = key(False, NOT_SETTING, "stop at the first bad record instead of counting it")
+    max_epochs: float = key(1000.0, NOT_SETTING, "refuse a run reading a source more often")
+    # each bad record is counted and logged in data/rejects/; a file none of whose records is
+    # a document stops the run whatever this says
+    max_reject_fraction: float = key(
+        0.01, NOT_SETTING, "the share of bad records verify accepts before it stops"
+    )
+    max_document_bytes: int = key(
+        64 * 1024 * 1024, OUTPUT, "longer documents are rejected", bound=AT_LEAST_ONE
+    )
+    builtin_corpus_bytes: int = key(
+        4_000_000, OUTPUT, "the size of the built-in corpus", bound=AT_LEAST_ONE
+    )
 
 
 @dataclass
 class TokenizerConfig:
-    model: str | None = None  # an existing sentencepiece .model; None: train one
-    type: str = "bpe"  # bpe | unigram
-    vocab_size: int = 4096
-    sample_documents: int = 200_000  # seeded random sample of the corpus used for training
-    max_sentence_length: int = 16384
-    character_coverage: float = 0.9995
-    byte_fallback: bool = True
-    lossless: bool = True  # identity normalization, whitespace kept: decode(encode(x)) == x
-    user_defined_symbols: list[str] = field(default_factory=lambda: ["\n"])
-    seed: int = 1234
-    threads: int = 2
+    model: str | None = key(
+        None, OUTPUT, "an existing sentencepiece .model; none: train one", common=True
+    )
+    type: c.TokenizerType = key(c.TokenizerType.bpe, OUTPUT, "the sentencepiece model type")
+    vocab_size: int = key(4096, OUTPUT, "pieces of a trained tokenizer", common=True)
+    sample_documents: int = key(
+        200_000, OUTPUT, "documents of a seeded sample to train on", bound=AT_LEAST_ONE
+    )
+    max_sentence_length: int = key(16384, OUTPUT, "sentencepiece's", bound=AT_LEAST_ONE)
+    character_coverage: float = key(0.9995, OUTPUT, "sentencepiece's")
+    byte_fallback: bool = key(True, OUTPUT, "unknown characters as bytes")
+    lossless: bool = key(True, OUTPUT, "identity normalization: decode(encode(x)) == x")
+    user_defined_symbols: list[str] = key(
+        role=OUTPUT, help="pieces kept whole", factory=lambda: ["\n"]
+    )
+    seed: int = key(1234, OUTPUT, "the sample's and the trainer's seed")
+    threads: int = key(2, NOT_SETTING, "threads of the trainer", bound=AT_LEAST_ONE)
 
 
 @dataclass
 class ModelConfig:
-    name: str = MISSING
-    num_layers: int = MISSING
-    hidden_size: int = MISSING
-    num_attention_heads: int = MISSING
-    num_query_groups: int | None = None  # None: plain multi-head attention
-    ffn_hidden_size: int | None = None  # None: 4 x hidden (or 8/3 x hidden for SwiGLU)
-    seq_length: int = 2048
-    max_position_embeddings: int | None = None  # None: seq_length
-    activation: str = "swiglu"  # swiglu | gelu
-    normalization: str = "RMSNorm"  # RMSNorm | LayerNorm
-    position_embedding: str = "rope"  # rope | learned_absolute
-    rotary_base: int = 10000
-    untie_embeddings: bool = True
-    add_bias_linear: bool = False
-    init_method_std: float = 0.02
-    hidden_dropout: float = 0.0
-    attention_dropout: float = 0.0
-    make_vocab_size_divisible_by: int = 128
-    # A local Hugging Face Llama folder (config.json, safetensors): the run starts from its
-    # weights and, unless tokenizer.model is given, its tokenizer.model (continued pretraining)
-    init_from: str | None = None
+    name: str = key(MISSING, OUTPUT, "the model's name (its config group)")
+    num_layers: int = key(MISSING, OUTPUT, "transformer layers", common=True)
+    hidden_size: int = key(MISSING, OUTPUT, "the hidden width", common=True)
+    num_attention_heads: int = key(MISSING, OUTPUT, "attention heads", common=True)
+    num_query_groups: int | None = key(None, OUTPUT, "grouped-query attention; none: multi-head")
+    ffn_hidden_size: int | None = key(
+        None, OUTPUT, "none: 4 x hidden (8/3 x hidden for SwiGLU)", bound=AT_LEAST_ONE
+    )
+    seq_length: int = key(2048, OUTPUT, "tokens per sequence", common=True)
+    max_position_embeddings: int | None = key(None, OUTPUT, "none: model.seq_length")
+    activation: c.Activation = key(c.Activation.swiglu, OUTPUT, "the MLP's activation")
+    normalization: c.Normalization = key(c.Normalization.RMSNorm, OUTPUT, "the layer norm")
+    position_embedding: c.PositionEmbedding = key(c.PositionEmbedding.rope, OUTPUT, "positions")
+    rotary_base: int = key(10000, OUTPUT, "RoPE's base", bound=POSITIVE)
+    untie_embeddings: bool = key(True, OUTPUT, "an output layer of its own")
+    add_bias_linear: bool = key(False, OUTPUT, "biases in the linear layers")
+    init_method_std: float = key(0.02, OUTPUT, "the initial weights' deviation", bound=POSITIVE)
+    hidden_dropout: float = key(0.0, OUTPUT, "dropout after attention and MLP", bound=FRACTION)
+    attention_dropout: float = key(0.0, OUTPUT, "dropout of attention", bound=FRACTION)
+    make_vocab_size_divisible_by: int = key(
+        128, OUTPUT, "pad the vocabulary to a multiple", bound=AT_LEAST_ONE
+    )
+    # unless tokenizer.model is given, its tokenizer.model too (continued pretraining)
+    init_from: str | None = key(
+        None, OUTPUT, "start from a local Hugging Face Llama folder's weights", common=True
+    )
 
 
 @dataclass
 class ParallelConfig:
-    # numbers, or auto (GPU runs): the planner picks them with the micro-batch
-    # (pipeline.planning.auto); with tensor=auto, sequence parallelism follows its choice
-    tensor: Any = 1
-    pipeline: Any = 1
-    virtual_pipeline: int | None = None
-    sequence_parallel: bool = False
-    distributed_optimizer: bool = True
-    overlap_grad_reduce: bool = False
+    # With tensor=auto, sequence parallelism follows the planner's choice
+    tensor: Any = command(1, "tensor-parallel size, or auto (GPU runs)", common=True)
+    pipeline: Any = command(1, "pipeline-parallel size, or auto (GPU runs)", common=True)
+    virtual_pipeline: int | None = command(
+        None, "virtual stages per pipeline rank", bound=AT_LEAST_ONE, common=True
+    )
+    sequence_parallel: bool = command(False, "with tensor parallelism")
+    distributed_optimizer: bool = command(True, "optimizer state sharded over data parallelism")
+    overlap_grad_reduce: bool = command(False, "gradient reduction during the backward pass")
 
 
 @dataclass
 class TrainConfig:
-    # a number, or auto (GPU runs): the planner picks the fastest micro-batch whose memory
-    # estimate fits the GPU with a margin (pipeline.planning.auto), before anything runs
-    micro_batch_size: Any = 8
-    global_batch_size: int = 32
-    grad_accum: int | None = None  # derived from the batch sizes and data-parallel size
-    # Sweeps: keep global_batch_size and derive micro_batch_size from a given grad_accum.
-    hold_global_batch: bool = False
-    steps: int = 1000
-    lr: float = 3e-4
-    min_lr: float = 3e-5
-    warmup_steps: int = 100
-    lr_decay_style: str = "cosine"
-    weight_decay: float = 0.1
-    adam_beta1: float = 0.9
-    adam_beta2: float = 0.95
-    adam_eps: float = 1e-8
-    clip_grad: float = 1.0
-    precision: str = "bf16"  # fp32 | bf16 | fp16 | fp8
-    fp8_recipe: str = "delayed"  # delayed | tensorwise
-    recompute: str = "none"  # none | selective | full | auto (chosen with the micro-batch)
-    recompute_layers: int | None = None  # with full recompute: layers recomputed per stage
-    device: str = "auto"  # auto | cpu | cuda
-    # Initialise whole weights on the CPU, then shard them: the same initial model under any
-    # tensor-parallel layout (slower to start for large models).
-    init_on_cpu: bool = False
-    # GPU kernels (Transformer Engine), ignored on CPU (docs/benchmarks.md has the figures):
-    # weight gradients accumulated into the fp32 main gradients inside TE's GEMMs (no apex
-    # needed for TE layers): +1% tokens/s on gpt-1.3b, the same loss curve.
-    wgrad_fusion: bool = True
-    # TE's own SwiGLU/GeLU instead of megatron-core's fused bias-activation: +0.6% on gpt-1.3b,
-    # the same loss curve
-    te_activation: bool = True
-    # RoPE over the unsplit QKV projection as one torch.compile'd kernel each way (split,
-    # rotation and, backwards, the QKV gradient in one pass); false: Transformer Engine's RoPE
-    compiled_rope: bool = True
-    # NVIDIA apex where it is installed (never the PyPI package named apex): megatron-core's
-    # gradient-accumulation fusion through its CUDA kernel, the output layer's included; false
-    # leaves it out (TE's GEMMs still accumulate theirs), for rows with and without it
-    apex: bool = True
-    seed: int = 1234
-    log_interval: int = 10
-    # [first, last]: profile these steps (1-based) with torch.profiler into train/profile.txt
-    profile_steps: list[int] = field(default_factory=list)
-    eval_interval: int = 100
-    # Sequences each validation reads: the same ones each time, whatever the micro-batch size
-    # or number of ranks, so runs and sweep points compare
-    eval_samples: int = 64
-    # Before eval_samples: micro-batches per data-parallel rank. Read from run folders and jobs
-    # of earlier versions; refused on a command line (it differs with the micro-batch size).
-    eval_iters: int | None = None
-    save_interval: int = 200  # 0: no checkpoints (benchmarks)
-    keep_last: int = 2  # checkpoints kept besides the best one
-    # write checkpoints in the background (megatron-core's asynchronous saving): training waits
-    # only for the copy to host memory, which then holds one more copy of this rank's share
-    async_save: bool = True
-    # GPU runs with parallel.distributed_optimizer: save its state so that the run resumes
-    # under any tensor/pipeline layout. It is then gathered and reshaped on the host at every
-    # save, which holds training for about a minute at 1.3B; false (Megatron-LM's default) saves
-    # each rank's shard in place, and a resume keeps the tensor/pipeline layout (the
-    # data-parallel size may change). The weights load under any layout either way.
-    reshardable_optimizer: bool = False
-    threads: int | None = None  # CPU threads per rank; None: torch's default
-    exit_signal_lead_s: int = 120  # Slurm warns (SIGUSR2) this long before the time limit
-    max_requeues: int = 20
-    nonfinite: str = "skip"  # skip | stop: a step whose loss or gradient is NaN or infinite
-    # with nonfinite=skip: this many non-finite steps in a row stop the run, which has diverged
-    # (fp16's loss-scale overflows do not count)
-    max_skipped_in_a_row: int = 10
-    # Derived, not a setting: what micro_batch_size=auto / recompute=auto became, and why
-    auto_choice: str | None = None
+    # auto (GPU runs): the planner picks the fastest micro-batch whose memory estimate fits
+    # the GPU with a margin (pipeline.planning.auto), before anything runs
+    micro_batch_size: Any = key(8, NOT_SETTING, "sequences per rank and pass, or auto", common=True)
+    global_batch_size: int = key(32, OUTPUT, "sequences per training step", common=True)
+    grad_accum: int | None = key(
+        None, NOT_SETTING, "derived from the batch sizes", bound=AT_LEAST_ONE
+    )
+    # Sweeps: keep global_batch_size and derive micro_batch_size from a given grad_accum
+    hold_global_batch: bool = key(False, NOT_SETTING, "derive the micro-batch from grad_accum")
+    steps: int = key(1000, CONTINUE, "training steps; more continues a run", common=True)
+    lr: float = key(3e-4, OUTPUT, "the peak learning rate", bound=POSITIVE, common=True)
+    min_lr: float = key(3e-5, OUTPUT, "the learning rate at the end of the decay")
+    warmup_steps: int = key(100, OUTPUT, "steps of linear warm-up")
+    lr_decay_style: c.LrDecayStyle = key(c.LrDecayStyle.cosine, OUTPUT, "the decay's shape")
+    weight_decay: float = key(0.1, OUTPUT, "AdamW's", bound=NOT_NEGATIVE)
+    adam_beta1: float = key(0.9, OUTPUT, "AdamW's", bound=FRACTION)
+    adam_beta2: float = key(0.95, OUTPUT, "AdamW's", bound=FRACTION)
+    adam_eps: float = key(1e-8, OUTPUT, "AdamW's", bound=POSITIVE)
+    clip_grad: float = key(1.0, OUTPUT, "the gradient norm's limit", bound=NOT_NEGATIVE)
+    precision: c.Precision = key(c.Precision.bf16, OUTPUT, "the math's precision", common=True)
+    fp8_recipe: c.Fp8Recipe = key(c.Fp8Recipe.delayed, OUTPUT, "fp8 scaling")
+    recompute: c.Recompute = key(
+        c.Recompute.none, NOT_SETTING, "activations recomputed in the backward pass", common=True
+    )
+    recompute_layers: int | None = key(None, NOT_SETTING, "full recompute: layers per stage")
+    device: c.Device = command(c.Device.auto, "where training runs")
+    # the same initial model under any tensor-parallel layout (slower to start large models)
+    init_on_cpu: bool = key(False, OUTPUT, "initialise whole weights on the CPU, then shard")
+    # GPU kernels (docs/benchmarks.md has the figures), ignored on CPU:
+    wgrad_fusion: bool = key(
+        True, NOT_SETTING, "weight gradients accumulated in TE's GEMMs (no apex needed)"
+    )
+    te_activation: bool = key(True, NOT_SETTING, "TE's SwiGLU/GeLU, not megatron-core's fused")
+    # split, rotation and, backwards, the QKV gradient in one pass; false: TE's RoPE
+    compiled_rope: bool = key(True, NOT_SETTING, "RoPE over the unsplit QKV, one compiled kernel")
+    # never the PyPI package named apex; false leaves it out (TE's GEMMs still accumulate theirs)
+    apex: bool = key(True, NOT_SETTING, "NVIDIA apex's gradient-accumulation fusion, installed")
+    seed: int = key(1234, OUTPUT, "the seed of initialisation and sampling")
+    log_interval: int = key(10, NOT_SETTING, "steps between log lines")
+    profile_steps: list[int] = key(
+        role=NOT_SETTING, help="[first, last]: profiled into train/profile.txt", factory=list
+    )
+    eval_interval: int = key(100, CONTINUE, "steps between validations", common=True)
+    # the same sequences each time, whatever the micro-batch or ranks, so runs compare;
+    # recorded as train.validation_samples
+    eval_samples: int = key(64, OUTPUT, "sequences each validation reads", bound=AT_LEAST_ONE)
+    # Read from run folders and jobs of earlier versions; refused on a command line
+    eval_iters: int | None = key(None, NOT_SETTING, "before eval_samples: micro-batches per rank")
+    save_interval: int = key(200, CONTINUE, "steps between checkpoints; 0: none", common=True)
+    keep_last: int = key(2, CONTINUE, "checkpoints kept besides the best one")
+    # training waits only for the copy to host memory, which holds one more copy of the shard
+    async_save: bool = key(True, NOT_SETTING, "write checkpoints in the background", common=True)
+    # the state is gathered and reshaped on the host at each save (a minute at 1.3B); false
+    # saves each rank's shard in place, and a resume keeps the tensor/pipeline layout
+    reshardable_optimizer: bool = key(
+        False, NOT_SETTING, "save the distributed optimizer's state for any layout"
+    )
+    threads: int | None = key(
+        None, NOT_SETTING, "CPU threads per rank; none: torch's", bound=AT_LEAST_ONE
+    )
+    exit_signal_lead_s: int = key(120, NOT_SETTING, "Slurm's warning before the time limit")
+    max_requeues: int = key(20, NOT_SETTING, "requeues at time limits", bound=NOT_NEGATIVE)
+    nonfinite: c.NonFinite = key(c.NonFinite.skip, CONTINUE, "a NaN/inf step: skip or stop")
+    # fp16's loss-scale overflows do not count
+    max_skipped_in_a_row: int = key(
+        10,
+        CONTINUE,
+        "with nonfinite=skip: this many NaN/inf steps in a row stop a diverged run",
+        bound=AT_LEAST_ONE,
+    )
+    # Derived, not a setting
+    auto_choice: str | None = key(None, NOT_SETTING, "what the planner chose for auto, and why")
 
 
 @dataclass
 class EvalConfig:
-    checkpoint: str = "best"  # best | latest | a checkpoint folder
-    max_batches: int | None = None  # micro-batches per evaluated set; None: all of it
-    micro_batch_size: int | None = None  # None: train.micro_batch_size
-    prompts: list[str] = field(
-        default_factory=lambda: ["The function returns", "Python is", "To open a file,"]
+    checkpoint: str = key("best", OUTPUT, "best | latest | a checkpoint folder", common=True)
+    max_batches: int | None = key(
+        None, OUTPUT, "micro-batches per evaluated set; none: all", bound=AT_LEAST_ONE
     )
-    max_new_tokens: int = 48
-    top_k: int = 40
-    top_p: float = 0.9
-    # More held-out sets: name -> JSONL glob or path, tokenized with the run's tokenizer
-    extra_sets: dict[str, str] = field(default_factory=dict)
-    all_checkpoints: bool = False  # also the test loss of every checkpoint retention kept
-    # lm-evaluation-harness tasks, run only if lm_eval is installed and their data is local
-    harness_tasks: list[str] = field(default_factory=list)
+    micro_batch_size: int | None = key(
+        None, OUTPUT, "none: train.micro_batch_size", bound=AT_LEAST_ONE
+    )
+    prompts: list[str] = key(
+        role=OUTPUT,
+        help="prompts of the samples generated",
+        factory=lambda: ["The function returns", "Python is", "To open a file,"],
+    )
+    max_new_tokens: int = key(48, OUTPUT, "tokens generated per prompt", bound=NOT_NEGATIVE)
+    top_k: int = key(40, OUTPUT, "sampling's", bound=NOT_NEGATIVE)
+    top_p: float = key(0.9, OUTPUT, "sampling's")
+    extra_sets: dict[str, str] = key(
+        role=OUTPUT, help="more held-out sets: NAME=JSONL glob", factory=dict
+    )
+    all_checkpoints: bool = key(False, OUTPUT, "the test loss of every kept checkpoint too")
+    # run only if lm_eval is installed and their data is local
+    harness_tasks: list[str] = key(role=OUTPUT, help="lm-evaluation-harness tasks", factory=list)
 
 
 @dataclass
@@ -207,50 +265,57 @@ class ExportConfig:
     """The export stage and `python -m pipeline.export`: the checkpoint eval.checkpoint names, as
     a Hugging Face model folder with its tokenizer."""
 
-    out: str | None = None  # None: WORKDIR/export
-    dtype: str = "bf16"  # bf16 | fp32 | fp16: the weights' dtype in the folder
-    shard_gb: float = 5.0  # the most weight bytes in one safetensors file
+    out: str | None = key(None, NOT_SETTING, "the folder; none: WORKDIR/export", common=True)
+    dtype: c.ExportDtype = key(c.ExportDtype.bf16, OUTPUT, "the weights' dtype", common=True)
+    shard_gb: float = key(5.0, OUTPUT, "the most weight bytes in one safetensors file")
 
 
 @dataclass
 class ClusterConfig:
-    name: str = "local"
-    executor: str = "inprocess"  # local: inprocess | subprocess; slurm: slurm
-    nodes: int = 1
-    gpus_per_node: int = 0
-    tasks_per_node: int | None = None  # training ranks per node; None: one per GPU (1 on CPU)
-    cpus_per_task: int = 2
-    mem_gb: int | None = None
-    partition: str | None = None
-    cpu_partition: str | None = None  # for tokenizer, tokenize and verify jobs; None: partition
-    account: str | None = None
-    qos: str | None = None
-    time_limit: str = "04:00:00"
-    cpu_time_limit: str = "02:00:00"
-    array_parallelism: int = 64
-    setup: list[str] = field(default_factory=list)
-    sbatch_extra: dict[str, Any] = field(default_factory=dict)
-    # exported in every job script before its tasks start (NCCL_SOCKET_IFNAME, NCCL_IB_HCA, ...)
-    env: dict[str, str] = field(default_factory=dict)
-    srun_args: list[str] = field(default_factory=list)  # more options for the tasks' srun
-    # a container for the tasks (pyxis/enroot: srun --container-image, --container-mounts)
-    container_image: str | None = None
-    container_mounts: list[str] = field(default_factory=list)  # SRC:DST[:FLAGS]
-    gpu: str | None = None  # GPU model, e.g. H100: peak FLOP/s, memory and fp8 support
-    gpu_memory_gb: float | None = None  # None: that of cluster.gpu, when known
-    checkpoint_write_gbps: float = 1.0  # write bandwidth of the checkpoint filesystem, GB/s
-    # how long a rank waits for every rank to reach the first node before the job fails
-    rendezvous_timeout_s: float = 300.0
+    name: c.ClusterName = command(c.ClusterName.local, "local or slurm")
+    executor: c.Executor = command(c.Executor.inprocess, "local: inprocess | subprocess")
+    nodes: int = command(1, "nodes of the training job", bound=AT_LEAST_ONE, common=True)
+    gpus_per_node: int = command(0, "GPUs per node", bound=NOT_NEGATIVE, common=True)
+    tasks_per_node: int | None = command(
+        None, "training ranks per node; none: one per GPU", bound=AT_LEAST_ONE
+    )
+    cpus_per_task: int = command(2, "CPUs per task", bound=AT_LEAST_ONE)
+    mem_gb: int | None = command(None, "memory per node", bound=AT_LEAST_ONE)
+    partition: str | None = command(None, "the Slurm partition", script=True, common=True)
+    cpu_partition: str | None = command(
+        None, "for tokenizer, tokenize and verify jobs; none: partition", script=True
+    )
+    account: str | None = command(None, "the Slurm account", script=True, common=True)
+    qos: str | None = command(None, "the Slurm QOS", script=True)
+    time_limit: str = command("04:00:00", "of GPU jobs", common=True)
+    cpu_time_limit: str = command("02:00:00", "of CPU jobs")
+    array_parallelism: int = command(64, "tokenize tasks at once", bound=AT_LEAST_ONE)
+    setup: list[str] = command(help="shell lines each job runs first", factory=list)
+    sbatch_extra: dict[str, Any] = command(help="more #SBATCH options", factory=dict, script=True)
+    env: dict[str, str] = command(
+        help="exported in each job script (NCCL_SOCKET_IFNAME, ...)", factory=dict, script=True
+    )
+    srun_args: list[str] = command(
+        help="more options of the tasks' srun", factory=list, script=True
+    )
+    # pyxis/enroot: srun --container-image, --container-mounts
+    container_image: str | None = command(None, "a container for the tasks", script=True)
+    container_mounts: list[str] = command(help="SRC:DST[:FLAGS]", factory=list, script=True)
+    gpu: str | None = command(None, "GPU model, e.g. H100: peak FLOP/s, memory and fp8")
+    gpu_memory_gb: float | None = command(None, "none: that of cluster.gpu, when known")
+    checkpoint_write_gbps: float = command(1.0, "the checkpoint filesystem's write GB/s")
+    rendezvous_timeout_s: float = command(300.0, "a rank's wait for every rank to start")
 
 
 @dataclass
 class PipelineConfig:
-    workdir: str = MISSING
-    stages: list[str] = field(default_factory=lambda: list(DEFAULT_STAGES))
-    dry_run: bool = False
-    # redo this step and every step after it, though its outputs exist (made with other
-    # settings, say); what they held is moved to replaced/ in the run folder
-    force: str | None = None
+    workdir: str = command(MISSING, "the run folder", script=True, common=True)
+    stages: list[str] = command(
+        help="the stages to run", factory=lambda: list(DEFAULT_STAGES), common=True
+    )
+    dry_run: bool = command(False, "plan and show the jobs, run nothing")
+    # what they held is moved to replaced/ in the run folder
+    force: str | None = command(None, "redo this step and every step after it", common=True)
     data: DataConfig = field(default_factory=DataConfig)
     tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
     model: ModelConfig = field(default_factory=ModelConfig)

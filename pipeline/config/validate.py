@@ -12,18 +12,13 @@ import glob
 import math
 import os
 import re
-from functools import reduce
 from pathlib import Path
-from typing import Any
 
-from pipeline.config import derived
+from pipeline.config import derived, keys
+from pipeline.config.keys import value_at
 from pipeline.config.schema import AUTO, STAGES, PipelineConfig
+from pipeline.config.split import Split
 from pipeline.core.errors import ConfigError
-
-
-def value_at(cfg: PipelineConfig, key: str) -> Any:
-    """The value of a dotted key, e.g. "train.lr"."""
-    return reduce(getattr, key.split("."), cfg)
 
 
 def _require(ok: bool, key: str, message: str) -> None:
@@ -33,7 +28,11 @@ def _require(ok: bool, key: str, message: str) -> None:
 
 def _one_of(cfg: PipelineConfig, key: str, allowed: tuple[str, ...]) -> None:
     value = value_at(cfg, key)
-    _require(value in allowed, key, f"{value!r} is not one of {', '.join(allowed)}")
+    _require(value in allowed, key, not_one_of(value, allowed))
+
+
+def not_one_of(value: object, allowed: tuple[str, ...]) -> str:
+    return f"{str(value)!r} is not one of {', '.join(allowed)}"
 
 
 def validate(cfg: PipelineConfig) -> None:
@@ -88,11 +87,6 @@ def _validate_batch(cfg: PipelineConfig) -> None:
 
 
 def _validate_train(cfg: PipelineConfig) -> None:
-    _one_of(cfg, "train.precision", ("fp32", "bf16", "fp16", "fp8"))
-    _one_of(cfg, "train.fp8_recipe", ("delayed", "tensorwise"))
-    _one_of(cfg, "train.recompute", ("none", "selective", "full", AUTO))
-    _one_of(cfg, "train.device", ("auto", "cpu", "cuda"))
-    _one_of(cfg, "train.lr_decay_style", ("cosine", "linear", "constant", "WSD"))
     t = cfg.train
     _require(t.steps > 0, "train.steps", "must be positive")
     _require(
@@ -122,7 +116,6 @@ def _validate_train(cfg: PipelineConfig) -> None:
 
 
 def _validate_cluster(cfg: PipelineConfig) -> None:
-    _one_of(cfg, "cluster.name", ("local", "slurm"))
     gpus, tasks = cfg.cluster.gpus_per_node, cfg.cluster.tasks_per_node
     _require(
         not gpus or not tasks or tasks == gpus,
@@ -172,7 +165,6 @@ def _validate_eval(cfg: PipelineConfig) -> None:
 
 
 def _validate_export(cfg: PipelineConfig) -> None:
-    _one_of(cfg, "export.dtype", ("bf16", "fp32", "fp16"))
     _require(cfg.export.shard_gb > 0, "export.shard_gb", "must be > 0")
 
 
@@ -229,7 +221,6 @@ def _validate_data(cfg: PipelineConfig) -> None:
     d = cfg.data
     _require(d.num_shards >= 1, "data.num_shards", "must be at least 1")
     _require(bool(d.text_key), "data.text_key", "must not be empty")
-    _one_of(cfg, "data.dedup", ("none", "exact"))
     _require(d.warn_epochs > 0, "data.warn_epochs", "must be > 0")
     _require(d.max_epochs > 0, "data.max_epochs", "must be > 0")
     fraction = d.max_reject_fraction
@@ -242,15 +233,7 @@ def _validate_data(cfg: PipelineConfig) -> None:
     if "tokenize" in cfg.stages and d.inputs:
         found = [path for pattern in d.inputs for path in _readable_files(pattern, "data.inputs")]
         _refuse_empty(found, "data.inputs")
-    try:
-        weights = [float(x) for x in d.split.split(",")]
-    except ValueError:
-        raise ConfigError(f"data.split: {d.split!r} is not three comma-separated numbers") from None
-    _require(
-        len(weights) == 3 and all(math.isfinite(w) and w >= 0 for w in weights),
-        "data.split",
-        "needs 3 weights >= 0",
-    )
+    weights = Split.of(d.split).weights
     _require(weights[0] > 0, "data.split", "the training weight must be positive")
     _require(weights[1] > 0 or "train" not in cfg.stages, "data.split", "needs a validation share")
     _require(weights[2] > 0 or "evaluate" not in cfg.stages, "data.split", "needs a test share")
@@ -260,7 +243,6 @@ def _validate_tokenizer(cfg: PipelineConfig) -> None:
     tk = cfg.tokenizer
     if tk.model:
         _require(os.path.isfile(tk.model), "tokenizer.model", f"{tk.model} is not a file")
-    _one_of(cfg, "tokenizer.type", ("bpe", "unigram"))
     _require(tk.vocab_size >= 64, "tokenizer.vocab_size", "must be at least 64")
     if not tk.model:  # a tokenizer to train: its fixed pieces come first
         fixed = 3 + len(tk.user_defined_symbols) + (256 if tk.byte_fallback else 0)
@@ -290,9 +272,6 @@ def _validate_model(cfg: PipelineConfig) -> None:
         "model.num_query_groups",
         f"{groups} does not divide model.num_attention_heads={m.num_attention_heads}",
     )
-    _one_of(cfg, "model.activation", ("swiglu", "gelu"))
-    _one_of(cfg, "model.normalization", ("RMSNorm", "LayerNorm"))
-    _one_of(cfg, "model.position_embedding", ("rope", "learned_absolute"))
     _require(
         m.make_vocab_size_divisible_by >= 1,
         "model.make_vocab_size_divisible_by",
@@ -350,62 +329,19 @@ def _validate_parallel(cfg: PipelineConfig) -> None:
     )
 
 
-# Values that must be at least 1 (None, where a key allows it, means "derive it").
-_AT_LEAST_ONE = (
-    "data.max_document_bytes",
-    "data.builtin_corpus_bytes",
-    "data.merge_into",
-    "tokenizer.sample_documents",
-    "tokenizer.max_sentence_length",
-    "tokenizer.threads",
-    "model.ffn_hidden_size",
-    "model.make_vocab_size_divisible_by",
-    "parallel.virtual_pipeline",
-    "train.grad_accum",
-    "train.eval_samples",
-    "train.threads",
-    "train.max_skipped_in_a_row",
-    "eval.max_batches",
-    "eval.micro_batch_size",
-    "cluster.nodes",
-    "cluster.tasks_per_node",
-    "cluster.cpus_per_task",
-    "cluster.mem_gb",
-    "cluster.array_parallelism",
-)
-_NOT_NEGATIVE = (
-    "train.clip_grad",
-    "train.weight_decay",
-    "train.max_requeues",
-    "eval.max_new_tokens",
-    "eval.top_k",
-    "cluster.gpus_per_node",
-)
-_POSITIVE = ("train.lr", "train.adam_eps", "model.init_method_std", "model.rotary_base")
-_FRACTION = (
-    "train.adam_beta1",
-    "train.adam_beta2",
-    "model.hidden_dropout",
-    "model.attention_dropout",
-)
-
-
 def _validate_bounds(cfg: PipelineConfig) -> None:
     """Numbers the schema types accept but the stages cannot use (a zero that would divide,
-    a negative size, a rate out of range): refused here rather than failing inside a job."""
-    _one_of(cfg, "train.nonfinite", ("skip", "stop"))
-    for key in _AT_LEAST_ONE:
-        value = value_at(cfg, key)
-        _require(value is None or value >= 1, key, f"{value} must be at least 1")
-    for key in _NOT_NEGATIVE:
-        value = value_at(cfg, key)
-        _require(value >= 0, key, f"{value} must not be negative")
-    for key in _POSITIVE:
-        value = value_at(cfg, key)
-        _require(value > 0 and math.isfinite(value), key, f"{value} must be a positive number")
-    for key in _FRACTION:
-        value = value_at(cfg, key)
-        _require(0 <= value < 1, key, f"{value} must be in [0, 1)")
+    a negative size, a rate out of range), and a value that is not one of a key's choices
+    (set by code, not composed): refused here rather than failing inside a job. Each key's
+    bound and choices are on its schema field."""
+    for leaf in keys.leaves(cfg):
+        value = value_at(cfg, leaf.name)
+        allowed = leaf.choices
+        if allowed is not None:
+            _require(value in allowed, leaf.name, not_one_of(value, allowed))
+        bound = leaf.info.bound if leaf.info is not None else None
+        if bound is not None and value is not None:
+            _require(bound.holds(value), leaf.name, f"{value} {bound.value}")
     top_p = cfg.eval.top_p
     _require(0 < top_p <= 1, "eval.top_p", f"{top_p} must be in (0, 1]")
 
@@ -415,24 +351,14 @@ _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 _SBATCH_OPTION = re.compile(r"[A-Za-z][A-Za-z0-9_-]*")
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _NO_CONTROL = "must not contain a newline or other control character (it goes into a script)"
-# The workdir is in every job's log paths and command line; the rest become #SBATCH options.
-_SCRIPT_KEYS = (
-    "workdir",
-    "cluster.partition",
-    "cluster.cpu_partition",
-    "cluster.account",
-    "cluster.qos",
-)
 
 
 def _validate_script_values(cfg: PipelineConfig) -> None:
     """Config values that end up in the sbatch scripts submitit writes. submitit quotes each
     value for the shell, so `x; rm -rf ~` stays one harmless word, but no quoting survives a
-    newline. cluster.setup lines are shell by design: they run as written, like a site's
-    module loads."""
-    for key in _SCRIPT_KEYS:
-        value = value_at(cfg, key)
-        _require(value is None or not _CONTROL.search(str(value)), key, _NO_CONTROL)
+    newline. The keys whose values go into scripts say so on their schema fields (the
+    workdir is in every job's log paths and command line, most cluster keys become options);
+    cluster.setup lines are shell by design: they run as written, like a site's module loads."""
     for name, value in cfg.cluster.sbatch_extra.items():
         valid = bool(_SBATCH_OPTION.fullmatch(str(name)))
         _require(valid, "cluster.sbatch_extra", f"{str(name)!r} is not an sbatch option name")
@@ -442,16 +368,19 @@ def _validate_script_values(cfg: PipelineConfig) -> None:
             key,
             f"{value!r} must be a string, a number or true (a flag)",
         )
-        _require(not _CONTROL.search(str(value)), key, _NO_CONTROL)
-    for name, value in cfg.cluster.env.items():
+    for name in cfg.cluster.env:
         valid = bool(_ENV_NAME.fullmatch(str(name)))
         _require(valid, "cluster.env", f"{str(name)!r} is not an environment variable name")
-        _require(not _CONTROL.search(str(value)), f"cluster.env.{name}", _NO_CONTROL)
-    for key in ("cluster.srun_args", "cluster.container_mounts"):
-        for value in value_at(cfg, key):
-            _require(not _CONTROL.search(str(value)), key, _NO_CONTROL)
+    for leaf in keys.leaves(cfg):
+        if leaf.info is None or not leaf.info.script:
+            continue
+        value = value_at(cfg, leaf.name)
+        named = value.items() if isinstance(value, dict) else [(None, value)]
+        for name, item in named:
+            key = leaf.name if name is None else f"{leaf.name}.{name}"
+            for text in item if isinstance(item, list) else [item]:
+                _require(text is None or not _CONTROL.search(str(text)), key, _NO_CONTROL)
     image = cfg.cluster.container_image
-    _require(image is None or not _CONTROL.search(image), "cluster.container_image", _NO_CONTROL)
     for mount in cfg.cluster.container_mounts:
         _require(
             ":" in mount and "," not in mount,

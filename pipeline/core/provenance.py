@@ -9,7 +9,6 @@ config asks for now and skips, continues, redoes or refuses (pipeline.orchestrat
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 from typing import Any
@@ -19,15 +18,6 @@ MadeFrom = dict[str, dict[str, Any]]
 
 def made_from(settings: dict[str, Any], **inputs: str) -> MadeFrom:
     return {"settings": settings, "inputs": dict(inputs)}
-
-
-def section(obj: Any, prefix: str, exclude: tuple[str, ...] = ()) -> dict[str, Any]:
-    """A config section's values as dotted keys, e.g. {"model.hidden_size": 128, ...}."""
-    return {
-        f"{prefix}.{name}": value
-        for name, value in dataclasses.asdict(obj).items()
-        if name not in exclude
-    }
 
 
 def fingerprint(record: MadeFrom) -> str:

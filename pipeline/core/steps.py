@@ -1,10 +1,10 @@
 """What a step says to whatever runs it: where it runs, and that it stopped early.
 
-A user-facing stage (tokenize, train, evaluate) is one or more steps, each a job of its own
-on a cluster: tokenizer, tokenize (an array), verify, index, train, evaluate. A step is an
-object in its package's steps.py with `is_complete(cfg)` and `run(cfg)`: it checks its own
-completion marker, so running it again is always safe (the interface, which the orchestration
-defines as it calls it: pipeline.orchestration.graph.Step). It says where it runs (`Placement`),
+A user-facing stage (tokenize, train, evaluate, export) is one or more steps, each a job of its own
+on a cluster: tokenizer, tokenize (an array), verify, index, train, evaluate, export. A step
+is an object in its package's steps.py, a `Step`: it checks its own completion marker, so
+running it again is always safe (`MarkedStep` does this for the steps of one marker, which
+state only what they make and from what). It says where it runs (`Placement`),
 and an executor turns that into processes or Slurm jobs; steps never read scheduler variables
 themselves.
 """
@@ -45,24 +45,87 @@ class Change(enum.Enum):
     REFUSE = "refuse"  # it would be lost or mislabelled: refuse, unless force=STEP
 
 
-class RedoneWhenChanged(abc.ABC):
-    """A step whose output is made again, nothing lost, whenever what it would be made from
-    differs from what its marker records (an evaluation, an export). A subclass names its
-    marker, the JSON file it writes last with a "made_from" entry, and defines made_from.
-    `cfg` is the run's PipelineConfig (core sits below the config package)."""
+class Step(abc.ABC):
+    """A step of the run. `cfg` is the run's PipelineConfig (core sits below the config
+    package); a made-from record is a pipeline.core.provenance.MadeFrom."""
+
+    name: str
+    placement: Placement
+
+    @abc.abstractmethod
+    def made_from(self, cfg: Any) -> dict:
+        """What its output would be made from under this config."""
+
+    @abc.abstractmethod
+    def recorded(self, cfg: Any) -> dict | None:
+        """What its existing output records it was made from; None: no output; {}: an output
+        written before markers recorded it."""
+
+    @abc.abstractmethod
+    def is_complete(self, cfg: Any) -> bool:
+        """Its outputs are there, whole, for this config."""
+
+    @abc.abstractmethod
+    def outputs(self, cfg: Any) -> list[Path]:
+        """What it writes in the run folder (what force=STEP moves aside)."""
+
+    @abc.abstractmethod
+    def run(self, cfg: Any) -> Any:
+        """Do the work unless it is complete; returns what its marker records, or Interrupted."""
+
+    def change(self, recorded: dict, now: dict) -> Change:
+        """What a rerun does with an output made from `recorded` when `now` is asked for:
+        refused unless a step says otherwise (it would be lost or mislabelled)."""
+        return Change.REFUSE
+
+
+class ArrayStep(Step):
+    """A step of independent tasks (Placement.ARRAY); `run` does them all, one after another."""
+
+    @abc.abstractmethod
+    def prepare(self, cfg: Any) -> None:
+        """Cheap work before anything is submitted that fixes the number of tasks."""
+
+    @abc.abstractmethod
+    def tasks(self, cfg: Any) -> int:
+        """How many tasks: as prepared, or at most this many before `prepare`."""
+
+    @abc.abstractmethod
+    def run_task(self, cfg: Any, index: int) -> Any:
+        """Task `index` alone, unless it is complete."""
+
+    def run(self, cfg: Any) -> list[Any]:
+        self.prepare(cfg)
+        return [self.run_task(cfg, i) for i in range(self.tasks(cfg))]
+
+
+class MarkedStep(Step):
+    """A step whose output ends with a marker: a JSON file, written last, whose "made_from"
+    entry records what the output was made from. The step is complete when that record is
+    what the config asks for now; running it again then reads the marker back. A subclass
+    states only what it makes and from what: `marker`, `made_from`, `make`, `outputs`, and
+    `change` where a changed output is not refused."""
 
     @abc.abstractmethod
     def marker(self, cfg: Any) -> Path: ...
 
     @abc.abstractmethod
-    def made_from(self, cfg: Any) -> dict: ...
+    def make(self, cfg: Any, made_from: dict) -> Any:
+        """Make the output from scratch (or from where an interrupted one stopped), writing the
+        marker last; returns what the marker records, or Interrupted."""
 
-    def recorded(self, cfg: Any) -> dict | None:
+    def marked(self, cfg: Any) -> dict | None:
+        """What the marker says the output was made from ({}: a marker without it)."""
         done = files.read_json_or_none(self.marker(cfg))
         return None if done is None else done.get("made_from", {})
 
-    def change(self, recorded: dict, now: dict) -> Change:
-        return Change.REDO
+    def recorded(self, cfg: Any) -> dict | None:
+        return self.marked(cfg)
 
     def is_complete(self, cfg: Any) -> bool:
-        return self.recorded(cfg) == self.made_from(cfg)
+        return self.marked(cfg) == self.made_from(cfg)
+
+    def run(self, cfg: Any) -> Any:
+        if self.is_complete(cfg):
+            return files.read_json(self.marker(cfg))
+        return self.make(cfg, self.made_from(cfg))

@@ -12,14 +12,15 @@ before building.
 
 from __future__ import annotations
 
-import sys
 import time
 from typing import TypedDict
 
 from pipeline.config import PipelineConfig
-from pipeline.core import files, provenance
+from pipeline.core import files, log, provenance
 from pipeline.core.paths import RunPaths
 from pipeline.data import datasets, mixture, sources
+
+_log = log.get()
 
 
 def settings(cfg: PipelineConfig) -> dict:
@@ -50,7 +51,7 @@ def build(cfg: PipelineConfig, made_from: dict) -> IndexRecord:
     datasets.check_data(cfg, manifest)
     files.remove_tree(paths.index_cache, paths.root)  # no marker: nothing in it is trusted
     for line in mixture.epoch_lines(cfg, mixture.train_tokens(manifest)):
-        print(line, file=sys.stderr)
+        _log.info(line)
     train = datasets.train_dataset(cfg, manifest)
     marker: IndexRecord = {
         "made_from": made_from,
@@ -59,5 +60,5 @@ def build(cfg: PipelineConfig, made_from: dict) -> IndexRecord:
         "seconds": round(time.time() - started, 2),
     }
     files.write_json(paths.index_done, marker)
-    print(f"index cache: {len(train)} train samples in {marker['seconds']:.1f} s", file=sys.stderr)
+    _log.info(f"index cache: {len(train)} train samples in {marker['seconds']:.1f} s")
     return marker

@@ -10,10 +10,10 @@ import os
 from dataclasses import dataclass
 
 from pipeline.config import PipelineConfig
+from pipeline.config.split import Split
 from pipeline.core import files
 from pipeline.core.paths import RunPaths
 from pipeline.data import sources
-from pipeline.data.splits import shares
 
 BYTES_PER_TOKEN = 4.0  # of JSONL input, for an estimate before tokenizing (English prose, BPE)
 
@@ -45,7 +45,7 @@ def estimated_train_tokens(cfg: PipelineConfig) -> dict[str, int]:
     for name, path in sources.files(paths, d):
         size = d.builtin_corpus_bytes if builtin else os.path.getsize(path)
         found[name] += size
-    train_share = shares(d.split)[0]
+    train_share = Split.of(d.split).shares[0]
     return {name: int(size * train_share / BYTES_PER_TOKEN) for name, size in found.items()}
 
 

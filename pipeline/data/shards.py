@@ -11,15 +11,16 @@ from __future__ import annotations
 
 import bisect
 import os
-import sys
 
 from pipeline.config import DataConfig
-from pipeline.core import files
+from pipeline.core import files, log
 from pipeline.core.errors import ConfigError
 from pipeline.core.paths import RunPaths
 from pipeline.data import sources
 from pipeline.data.records import Span, is_gzip, misnamed
 from pipeline.data.sources import portable
+
+_log = log.get("plan")
 
 FORMAT = 2  # of the data folder: 2, every document's split decided by its text (0.3 on)
 
@@ -64,7 +65,7 @@ def plan(paths: RunPaths, data: DataConfig) -> list[list[Span]]:
     if saved is None:
         for _, path in listed:
             if warning := misnamed(path):
-                print(f"[plan] warning: {warning}", file=sys.stderr, flush=True)
+                _log.warning(f"warning: {warning}")
         sizes = [(name, path, os.path.getsize(path)) for name, path in listed]
         shards = make_plan(sizes, data.num_shards)
         saved = {

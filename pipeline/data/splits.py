@@ -9,17 +9,11 @@ from __future__ import annotations
 import bisect
 import hashlib
 
+from pipeline.config.split import Split
 from pipeline.core.errors import ConfigError
 
 SPLITS = ("train", "validation", "test")
 DIGEST_BYTES = 16  # of a document's text: the key of exact deduplication
-
-
-def shares(split: str) -> list[float]:
-    """data.split ("90,5,5") as three shares summing to 1."""
-    weights = [float(w) for w in split.split(",")]
-    total = sum(weights)
-    return [w / total for w in weights]
 
 
 def digest(text: str) -> bytes:
@@ -32,7 +26,7 @@ class Splitter:
     number in [0, 2**64) falls into one of three ranges sized by data.split."""
 
     def __init__(self, split: str, seed: int) -> None:
-        train, validation, _ = shares(split)
+        train, validation, _ = Split.of(split).shares
         self.bounds = [round(2**64 * train), round(2**64 * (train + validation))]
         self.key = seed.to_bytes(16, "little", signed=True)
 

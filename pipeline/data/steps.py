@@ -5,8 +5,8 @@
     verify     every shard checked, the manifest        data/manifest.json
     index      megatron-core's dataset index cache      index-cache/DONE.json (train stage)
 
-Each checks its own completion marker (right of each name), which records what the output was
-made from (pipeline.core.provenance); a complete output made from other settings is not
+Each checks its own completion marker (right of each name; pipeline.core.steps.MarkedStep),
+which records what the output was made from (pipeline.core.provenance); a complete output made from other settings is not
 reused: the data is refused (it defines everything after it), the index cache rebuilt.
 None of them imports torch: a tokenize-only run pays no seconds of start-up for it.
 """
@@ -19,7 +19,7 @@ from pipeline.config import PipelineConfig
 from pipeline.core import files, provenance
 from pipeline.core.paths import RunPaths
 from pipeline.core.provenance import MadeFrom
-from pipeline.core.steps import Change, Placement
+from pipeline.core.steps import ArrayStep, Change, MarkedStep, Placement
 from pipeline.data import index_cache, shards, sources, tokenize, tokenizer, verify
 
 
@@ -28,40 +28,31 @@ def data_paths(cfg: PipelineConfig) -> RunPaths:
     return RunPaths.of(cfg.data.prepared or cfg.workdir)
 
 
-def _recorded(marker: dict | None) -> MadeFrom | None:
-    """What a marker says its output was made from; {} for one written before markers
-    recorded it (pipeline.orchestration.reruns reads the run's config.yaml for those)."""
-    return None if marker is None else marker.get("made_from", {})
+class TokenizerStep(MarkedStep):
+    """Refused when changed: the tokenizer defines every token of the data."""
 
-
-class TokenizerStep:
     name = "tokenizer"
     placement = Placement.CPU
 
     def made_from(self, cfg: PipelineConfig) -> MadeFrom:
         return provenance.made_from(tokenizer.settings(data_paths(cfg), cfg))
 
-    def recorded(self, cfg: PipelineConfig) -> MadeFrom | None:
-        return _recorded(files.read_json_or_none(data_paths(cfg).tokenizer_meta))
-
-    def change(self, recorded: MadeFrom, now: MadeFrom) -> Change:
-        return Change.REFUSE  # the tokenizer defines every token of the data
+    def marker(self, cfg: PipelineConfig) -> Path:
+        return data_paths(cfg).tokenizer_meta
 
     def is_complete(self, cfg: PipelineConfig) -> bool:
-        paths = data_paths(cfg)
-        made = self.recorded(cfg)
-        return paths.tokenizer_model.exists() and made == self.made_from(cfg)
+        return data_paths(cfg).tokenizer_model.exists() and super().is_complete(cfg)
 
     def outputs(self, cfg: PipelineConfig) -> list[Path]:
         return [RunPaths.of(cfg.workdir).tokenizer_dir]
 
-    def run(self, cfg: PipelineConfig) -> tokenizer.TokenizerRecord:
-        if self.is_complete(cfg):
-            return files.read_json(data_paths(cfg).tokenizer_meta)
-        return tokenizer.provide(cfg, self.made_from(cfg))
+    def make(self, cfg: PipelineConfig, made_from: MadeFrom) -> tokenizer.TokenizerRecord:
+        return tokenizer.provide(cfg, made_from)
 
 
-class TokenizeStep:
+class TokenizeStep(ArrayStep):
+    """One marker per shard, each with its made-from fingerprint; refused when changed."""
+
     name = "tokenize"
     placement = Placement.ARRAY
 
@@ -81,10 +72,7 @@ class TokenizeStep:
         paths = data_paths(cfg)
         planned = shards.planned_count(paths) or 0
         markers = (files.read_json_or_none(paths.shard_marker(i)) for i in range(planned))
-        return next((_recorded(m) for m in markers if m is not None), None)
-
-    def change(self, recorded: MadeFrom, now: MadeFrom) -> Change:
-        return Change.REFUSE
+        return next((m.get("made_from", {}) for m in markers if m is not None), None)
 
     def outputs(self, cfg: PipelineConfig) -> list[Path]:
         return [RunPaths.of(cfg.workdir).data_dir]  # the plan and the shards
@@ -107,12 +95,10 @@ class TokenizeStep:
     def run_task(self, cfg: PipelineConfig, index: int) -> tokenize.ShardRecord:
         return tokenize.run_task(cfg, index, self.made_from(cfg))
 
-    def run(self, cfg: PipelineConfig) -> list[tokenize.ShardRecord]:
-        self.prepare(cfg)
-        return [self.run_task(cfg, i) for i in range(self.tasks(cfg))]
 
+class VerifyStep(MarkedStep):
+    """Refused when changed: deduplication decides which documents are read."""
 
-class VerifyStep:
     name = "verify"
     placement = Placement.CPU
 
@@ -123,27 +109,19 @@ class VerifyStep:
             settings, tokenize=provenance.fingerprint(TOKENIZE.made_from(cfg))
         )
 
-    def recorded(self, cfg: PipelineConfig) -> MadeFrom | None:
-        return _recorded(files.read_json_or_none(data_paths(cfg).manifest))
-
-    def change(self, recorded: MadeFrom, now: MadeFrom) -> Change:
-        return Change.REFUSE  # deduplication decides which documents are read
-
-    def is_complete(self, cfg: PipelineConfig) -> bool:
-        return self.recorded(cfg) == self.made_from(cfg)
+    def marker(self, cfg: PipelineConfig) -> Path:
+        return data_paths(cfg).manifest
 
     def outputs(self, cfg: PipelineConfig) -> list[Path]:
         paths = RunPaths.of(cfg.workdir)
         made = [p for kind in ("dedup", "merged") for p in paths.data_dir.glob(f"*/*/{kind}-*")]
         return [paths.manifest, *sorted(made)]
 
-    def run(self, cfg: PipelineConfig) -> verify.Manifest:
-        if self.is_complete(cfg):
-            return files.read_json(data_paths(cfg).manifest)
-        return verify.verify(cfg, self.made_from(cfg))
+    def make(self, cfg: PipelineConfig, made_from: MadeFrom) -> verify.Manifest:
+        return verify.verify(cfg, made_from)
 
 
-class IndexStep:
+class IndexStep(MarkedStep):
     name = "index"
     placement = Placement.CPU
 
@@ -151,22 +129,17 @@ class IndexStep:
         verified = provenance.fingerprint(VERIFY.made_from(cfg))
         return provenance.made_from(index_cache.settings(cfg), verify=verified)
 
-    def recorded(self, cfg: PipelineConfig) -> MadeFrom | None:
-        return _recorded(files.read_json_or_none(RunPaths.of(cfg.workdir).index_done))
+    def marker(self, cfg: PipelineConfig) -> Path:
+        return RunPaths.of(cfg.workdir).index_done
 
     def change(self, recorded: MadeFrom, now: MadeFrom) -> Change:
         return Change.REDO  # a cache: rebuilt for another sequence length, seed or size
 
-    def is_complete(self, cfg: PipelineConfig) -> bool:
-        return self.recorded(cfg) == self.made_from(cfg)
-
     def outputs(self, cfg: PipelineConfig) -> list[Path]:
         return [RunPaths.of(cfg.workdir).index_cache]
 
-    def run(self, cfg: PipelineConfig) -> index_cache.IndexRecord:
-        if self.is_complete(cfg):
-            return files.read_json(RunPaths.of(cfg.workdir).index_done)
-        return index_cache.build(cfg, self.made_from(cfg))
+    def make(self, cfg: PipelineConfig, made_from: MadeFrom) -> index_cache.IndexRecord:
+        return index_cache.build(cfg, made_from)
 
 
 TOKENIZER = TokenizerStep()

@@ -26,13 +26,15 @@ from pathlib import Path
 from typing import TypedDict
 
 from pipeline.config import DataConfig, PipelineConfig
-from pipeline.core import files, provenance
+from pipeline.core import files, log, provenance
 from pipeline.core.paths import RunPaths
 from pipeline.data import corpus, shards, sources
 from pipeline.data.records import BadRecord, Document, Reject, Span, read
 from pipeline.data.split_files import FileRecord, OneFile, SplitFiles
 from pipeline.data.splits import Splitter, digest
 from pipeline.data.tokenizer import load
+
+_log = log.get()
 
 BATCH_BYTES = 1 << 20  # text per encode call: large enough to keep sentencepiece's threads busy
 EMPTY = digest("")
@@ -252,12 +254,10 @@ class _LogProgress:
             elapsed = time.time() - self.started
             # list() copies in one step: the reader thread may add keys meanwhile
             read = sum(sum(list(c.values())) for c in list(self.counts.per_input.values()))
-            print(
+            _log.info(
                 f"{self.desc}: {elapsed:.0f} s, {read:,} records read, "
                 f"{self.counts.total('documents'):,} documents and "
-                f"{self.counts.total('tokens'):,} tokens written",
-                file=sys.stderr,
-                flush=True,
+                f"{self.counts.total('tokens'):,} tokens written"
             )
 
 
@@ -363,11 +363,10 @@ def tokenize_shard(
     }
     files.write_json(paths.shard_marker(index), marker)
     mb = marker["bytes_in"] / 1e6
-    print(
+    _log.info(
         f"shard {index}: {marker['documents']} documents, {marker['tokens']} tokens, "
         f"{mb:.1f} MB in {marker['seconds']:.1f} s ({mb / max(marker['seconds'], 1e-9):.2f} MB/s), "
-        f"{sum(rejected.values())} rejected, max RSS {marker['max_rss_mb']:.0f} MB",
-        file=sys.stderr,
+        f"{sum(rejected.values())} rejected, max RSS {marker['max_rss_mb']:.0f} MB"
     )
     return marker
 

@@ -17,7 +17,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import TypedDict
 
-from pipeline.config import PipelineConfig, TokenizerConfig
+from pipeline.config import PipelineConfig, TokenizerConfig, keys
 from pipeline.core import files, provenance
 from pipeline.core.errors import StageError
 from pipeline.core.paths import RunPaths
@@ -168,7 +168,7 @@ def settings(paths: RunPaths, cfg: PipelineConfig) -> dict:
     if tk.model:
         return {"tokenizer.model": files.sha256(tk.model)}
     return {
-        **provenance.section(tk, "tokenizer", exclude=("model", "threads")),
+        **keys.settings(tk, "tokenizer", apart=("model",)),
         **corpus_settings(paths, cfg.data),
     }
 

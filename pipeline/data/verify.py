@@ -20,7 +20,7 @@ import numpy as np
 from pipeline.config import PipelineConfig
 from pipeline.core import files, provenance
 from pipeline.core.paths import RunPaths
-from pipeline.data import dedup, losses, shards, sources
+from pipeline.data import dedup, rejects, shards, sources
 from pipeline.data.indexed import CorruptIndex, read_index
 from pipeline.data.merge import merge
 from pipeline.data.splits import DIGEST_BYTES, SPLITS
@@ -133,7 +133,7 @@ def verify(cfg: PipelineConfig, made_from: dict) -> Manifest:
     started = time.time()
     tok = files.read_json(paths.tokenizer_meta)
     markers = _checked_shards(paths, cfg, made_from["inputs"]["tokenize"], tok["vocab_size"])
-    losses.refuse_losses(cfg.data, markers, paths)
+    rejects.refuse_rejects(cfg.data, markers, paths)
     names = [s.name for s in sources.of(cfg.data)]
     by_split = _split_files(markers, names)
     removed: dict[str, Counter] = {"documents": Counter(), "tokens": Counter()}

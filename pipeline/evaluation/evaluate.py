@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import sys
 import time
 from pathlib import Path
 from typing import TypedDict
@@ -15,7 +14,7 @@ from typing import TypedDict
 import torch
 
 from pipeline.config import PipelineConfig
-from pipeline.core import files, provenance
+from pipeline.core import files, log, provenance
 from pipeline.core.paths import RunPaths
 from pipeline.data import evalsets, sources
 from pipeline.data.datasets import check_sources, load_manifest
@@ -27,6 +26,8 @@ from pipeline.reporting.report import write_report
 from pipeline.runtime.device import resolve_device
 from pipeline.training import checkpoint
 from pipeline.training.engine import Engine
+
+_log = log.get()
 
 
 def single_device(cfg: PipelineConfig) -> PipelineConfig:
@@ -196,10 +197,9 @@ def evaluate(cfg: PipelineConfig, made_from: dict) -> EvaluationRecord:
     result["seconds"] = round(time.time() - started, 2)
     if engine.rank.is_first:
         for name, r in measured.items():
-            print(
+            _log.info(
                 f"{name} loss {r['loss']:.4f}, perplexity {r['ppl']:.2f} over {r['tokens']} "
-                f"tokens ({folder.name})",
-                file=sys.stderr,
+                f"tokens ({folder.name})"
             )
         write_report(paths, result)
         files.write_json(paths.eval_done, result)  # last: the marker of a complete evaluation

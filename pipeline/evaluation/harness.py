@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import sys
 
 import torch
 
 from pipeline.config import PipelineConfig
+from pipeline.core import log
 from pipeline.evaluation.generate import continuation
+
+_log = log.get()
 
 
 @torch.no_grad()
@@ -76,7 +78,7 @@ def _lm(model, sp, seq_length: int, device):
 
 def _skipped(tasks: list[str], why: str) -> dict:
     line = f"lm-evaluation-harness skipped ({', '.join(tasks)}): {why}"
-    print(line, file=sys.stderr)
+    _log.info(line)
     return {"tasks": tasks, "skipped": line}
 
 

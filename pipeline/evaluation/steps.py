@@ -8,11 +8,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from pipeline.config import PipelineConfig
-from pipeline.core import files, provenance
+from pipeline.config import PipelineConfig, keys
+from pipeline.core import provenance
 from pipeline.core.paths import RunPaths
 from pipeline.core.provenance import MadeFrom
-from pipeline.core.steps import Placement, RedoneWhenChanged
+from pipeline.core.steps import Change, MarkedStep, Placement
 from pipeline.data.steps import VERIFY
 from pipeline.training import checkpoint_records
 from pipeline.training.steps import TRAIN
@@ -21,14 +21,14 @@ if TYPE_CHECKING:
     from pipeline.evaluation.evaluate import EvaluationRecord
 
 
-class EvaluateStep(RedoneWhenChanged):
+class EvaluateStep(MarkedStep):
     name = "evaluate"
     placement = Placement.ONE_DEVICE
 
     def made_from(self, cfg: PipelineConfig) -> MadeFrom:
         chosen = checkpoint_records.chosen(RunPaths.of(cfg.workdir), str(cfg.eval.checkpoint))
         return provenance.made_from(
-            provenance.section(cfg.eval, "eval"),
+            keys.settings(cfg.eval, "eval"),
             verify=provenance.fingerprint(VERIFY.made_from(cfg)),
             train=provenance.fingerprint(TRAIN.made_from(cfg)),
             checkpoint=chosen or "(none)",
@@ -41,12 +41,13 @@ class EvaluateStep(RedoneWhenChanged):
         paths = RunPaths.of(cfg.workdir)
         return [paths.eval_dir, paths.summary, paths.report, paths.report_html]
 
-    def run(self, cfg: PipelineConfig) -> EvaluationRecord:
-        if self.is_complete(cfg):
-            return files.read_json(RunPaths.of(cfg.workdir).eval_done)
+    def change(self, recorded: MadeFrom, now: MadeFrom) -> Change:
+        return Change.REDO  # nothing is lost
+
+    def make(self, cfg: PipelineConfig, made_from: MadeFrom) -> EvaluationRecord:
         from pipeline.evaluation.evaluate import evaluate  # torch: imported by the job
 
-        return evaluate(cfg, self.made_from(cfg))
+        return evaluate(cfg, made_from)
 
 
 EVALUATE = EvaluateStep()

@@ -6,7 +6,6 @@ written as OUT.partial and renamed into place when whole."""
 from __future__ import annotations
 
 import shutil
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -14,7 +13,7 @@ from typing import Any
 import torch
 
 from pipeline.config import PipelineConfig
-from pipeline.core import files
+from pipeline.core import files, log
 from pipeline.core.paths import RunPaths
 from pipeline.core.provenance import MadeFrom
 from pipeline.data.datasets import load_manifest
@@ -29,6 +28,8 @@ from pipeline.model.huggingface.files import (
 )
 from pipeline.model.huggingface.tokenizer import check_tokenizer, write_tokenizer
 from pipeline.training import checkpoint
+
+_log = log.get()
 
 # a last look at the written tokenizer.json, beside the eval prompts: whitespace, newlines,
 # digits and characters that only byte fallback encodes
@@ -79,7 +80,7 @@ def export(cfg: PipelineConfig, made_from: MadeFrom, out: Path) -> dict[str, Any
         partial / EXPORT_RECORD, record
     )  # the marker: the folder is whole once renamed
     _replace(partial, out)
-    print(f"exported {source.name} as {name} to {out} ({cfg.export.dtype})", file=sys.stderr)
+    _log.info(f"exported {source.name} as {name} to {out} ({cfg.export.dtype})")
     return record
 
 

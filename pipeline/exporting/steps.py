@@ -8,11 +8,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from pipeline.config import PipelineConfig
-from pipeline.core import files, provenance
+from pipeline.config import PipelineConfig, keys
+from pipeline.core import provenance
 from pipeline.core.paths import RunPaths
 from pipeline.core.provenance import MadeFrom
-from pipeline.core.steps import Placement, RedoneWhenChanged
+from pipeline.core.steps import Change, MarkedStep, Placement
 from pipeline.data.steps import VERIFY
 from pipeline.model.huggingface.files import EXPORT_RECORD as RECORD
 from pipeline.training import checkpoint_records
@@ -24,13 +24,13 @@ def folder(cfg: PipelineConfig) -> Path:
     return Path(cfg.export.out) if cfg.export.out else RunPaths.of(cfg.workdir).export_dir
 
 
-class ExportStep(RedoneWhenChanged):
+class ExportStep(MarkedStep):
     name = "export"
     placement = Placement.CPU
 
     def made_from(self, cfg: PipelineConfig) -> MadeFrom:
         chosen = checkpoint_records.chosen(RunPaths.of(cfg.workdir), str(cfg.eval.checkpoint))
-        settings = provenance.section(cfg.export, "export", exclude=("out",))
+        settings = keys.settings(cfg.export, "export")
         return provenance.made_from(
             settings,
             verify=provenance.fingerprint(VERIFY.made_from(cfg)),
@@ -47,12 +47,13 @@ class ExportStep(RedoneWhenChanged):
         inside = RunPaths.of(cfg.workdir).root.resolve() in folder(cfg).resolve().parents
         return [folder(cfg)] if inside else []
 
-    def run(self, cfg: PipelineConfig) -> dict[str, Any]:
-        if self.is_complete(cfg):
-            return files.read_json(folder(cfg) / RECORD)
+    def change(self, recorded: MadeFrom, now: MadeFrom) -> Change:
+        return Change.REDO  # nothing is lost
+
+    def make(self, cfg: PipelineConfig, made_from: MadeFrom) -> dict[str, Any]:
         from pipeline.exporting.export import export  # torch: imported by the job
 
-        return export(cfg, self.made_from(cfg), folder(cfg))
+        return export(cfg, made_from, folder(cfg))
 
 
 EXPORT = ExportStep()

@@ -5,8 +5,8 @@ step did.
 A rerun applies its command line on top of the run's overrides: a setting not given again keeps
 the value the outputs were made with (an evaluation alone re-cuts no split with a default), and
 a setting given again is a change, which each step judges (pipeline.orchestration.reruns).
-What to run, and where and how (workdir, stages, dry_run, force, cluster, parallel,
-train.device), is each command's own: the same outputs can be made, continued or evaluated
+What to run, and where and how (the keys the schema marks as commands: workdir, stages,
+cluster, parallel, ...), is each command's own: the same outputs can be made, continued or evaluated
 on other resources.
 """
 
@@ -18,12 +18,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from pipeline.config import PipelineConfig, keys
+from pipeline.config.schema import DATA_SECTIONS
 from pipeline.core import files
 from pipeline.core.paths import RunPaths
-
-COMMAND_KEYS = ("workdir", "stages", "dry_run", "force", "cluster", "parallel", "hydra")
-COMMAND_SETTINGS = ("train.device",)
-DATA_KEYS = ("data", "tokenizer")  # settled by the run that holds the data (data.prepared)
 
 
 def key_of(override: str) -> str:
@@ -36,13 +34,15 @@ def _top(key: str) -> str:
     return key.split(".", 1)[0].split("/", 1)[0]
 
 
+def is_command(key: str) -> bool:
+    """A key of what to run, where and how (its schema field says so), or Hydra's own."""
+    group = key.split("/", 1)[0]  # cluster/site=x: a config group's option
+    return _top(key) == "hydra" or keys.is_command(PipelineConfig, group)
+
+
 def settings_overrides(overrides: list[str]) -> list[str]:
     """The overrides that set what the outputs are made of (not what to run, or where)."""
-    return [
-        o
-        for o in overrides
-        if _top(key_of(o)) not in COMMAND_KEYS and key_of(o) not in COMMAND_SETTINGS
-    ]
+    return [o for o in overrides if not is_command(key_of(o))]
 
 
 def recorded(paths: RunPaths) -> list[str]:
@@ -58,7 +58,7 @@ def data_overrides(prepared: str | Path | None) -> list[str]:
     if not prepared:
         return []
     kept = recorded(RunPaths.of(prepared))
-    return [o for o in kept if _top(key_of(o)) in DATA_KEYS and key_of(o) != "data.prepared"]
+    return [o for o in kept if _top(key_of(o)) in DATA_SECTIONS and key_of(o) != "data.prepared"]
 
 
 def combined(earlier: list[str], given: list[str]) -> list[str]:

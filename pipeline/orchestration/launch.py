@@ -5,12 +5,11 @@ steps to run, holding the run folder's lock. A refused command writes nothing.""
 from __future__ import annotations
 
 import os
-import sys
 from pathlib import Path
 
 from pipeline import config
 from pipeline.config import PipelineConfig
-from pipeline.core import files
+from pipeline.core import files, log
 from pipeline.core.errors import ConfigError
 from pipeline.core.lock import run_lock
 from pipeline.core.paths import RunPaths
@@ -29,6 +28,8 @@ from pipeline.orchestration import (
 )
 from pipeline.orchestration.reruns import Verdict
 from pipeline.planning import preflight, render
+
+_log = log.get("pipeline")
 
 SHARED = ("corpus", "tokenizer", "data")  # what a run with data.prepared takes from another
 SAID = {
@@ -66,9 +67,7 @@ def launch(cfg: PipelineConfig, given: list[str]) -> int:
     with run_lock(paths.root):  # one launcher per run folder
         moved = reruns.move_aside(cfg, verdicts)
         if moved:
-            print(
-                f"[pipeline] force={cfg.force}: earlier outputs moved to {moved}", file=sys.stderr
-            )
+            _log.info(f"force={cfg.force}: earlier outputs moved to {moved}")
         if cfg.data.prepared:
             _link_prepared_data(Path(cfg.data.prepared), paths)
         if sweep.is_multirun():
@@ -105,7 +104,7 @@ def _link_prepared_data(prepared: Path, paths: RunPaths) -> None:
 def _run_pending(cfg: PipelineConfig, verdicts: list[Verdict], prepare: bool) -> None:
     if "train" in cfg.stages:  # the plan, before anything is submitted
         for line in render.summary_lines(cfg, vocab_size(cfg)[0]):
-            print(line, file=sys.stderr)
+            log.get().info(line)  # the plan's lines, each opening with [plan]
     if prepare:  # cheap work that fixes the size of an array (the built-in corpus, shard plan)
         for step in graph.steps(cfg):
             if step.placement is Placement.ARRAY:
@@ -115,11 +114,11 @@ def _run_pending(cfg: PipelineConfig, verdicts: list[Verdict], prepare: bool) ->
     done = [name for name in running if state[name].state == "complete"]
     if done:
         ordered = [s.name for s in graph.steps(cfg) if s.name in done]
-        print(f"[pipeline] already complete: {', '.join(ordered)}", file=sys.stderr)
+        _log.info(f"already complete: {', '.join(ordered)}")
     for step in graph.steps(cfg):
         verdict = state[step.name]
         if verdict.state in SAID:
             why = f": {verdict.describe()}" if verdict.differences else ""
-            print(f"[pipeline] {step.name} {SAID[verdict.state]}{why}", file=sys.stderr)
+            _log.info(f"{step.name} {SAID[verdict.state]}{why}")
     todo = [step for step in graph.steps(cfg) if state[step.name].state in reruns.RUN]
     executors.select(cfg).run(todo, cfg)

@@ -5,16 +5,18 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 from typing import Any
 
 from pipeline.config import PipelineConfig
+from pipeline.core import log
 from pipeline.core.errors import StageError
 from pipeline.core.steps import Interrupted, Placement
 from pipeline.orchestration import rendezvous
 from pipeline.orchestration.graph import ArrayStep, Step
 from pipeline.runtime import distributed
 from pipeline.training import signals
+
+_log = log.get()
 
 
 def export_distributed_env(rendezvous_timeout_s: float) -> None:
@@ -60,7 +62,7 @@ class DistributedTask:
             share_cpu_threads()
             result = self.step.run(self.cfg)
         except StageError as e:  # the job's log says why in one line, above submitit's trace
-            print(f"error: {e}", file=sys.stderr, flush=True)
+            _log.error(f"error: {e}")
             raise
         if isinstance(result, Interrupted) and result.requeue:
             requeue(self.cfg.train.max_requeues)
@@ -80,7 +82,7 @@ def requeue(max_requeues: int) -> None:
     if restarts >= max_requeues:
         raise RuntimeError(f"not requeued: {restarts} requeues reached train.max_requeues")
     subprocess.run(["scontrol", "requeue", env.job_id], check=True, timeout=60)
-    print(f"requeued job {env.job_id} (restart {restarts + 1})", file=sys.stderr, flush=True)
+    _log.warning(f"requeued job {env.job_id} (restart {restarts + 1})")
 
 
 class ArrayTask:

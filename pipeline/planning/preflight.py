@@ -12,7 +12,7 @@ from pipeline.config import PipelineConfig, TokenizerConfig
 from pipeline.config.derived import slurm_minutes, trains_on_gpu, world_size
 from pipeline.core.errors import ConfigError
 from pipeline.core.paths import RunPaths
-from pipeline.data import losses, mixture, shards
+from pipeline.data import mixture, rejects, shards
 from pipeline.data.datasets import check_data, load_manifest
 from pipeline.data.tokenizer import load as load_tokenizer
 from pipeline.model.backends import names as backend_names
@@ -42,7 +42,7 @@ def check_stage_inputs(cfg: PipelineConfig) -> None:
     if "tokenize" not in cfg.stages and not data.manifest.exists():
         raise ConfigError(f"stages: no tokenized data in {data.data_dir}; add tokenize to stages")
     if "tokenize" in cfg.stages and not cfg.data.prepared and not data.manifest.exists():
-        losses.refuse_unreadable_inputs(cfg.data, paths)
+        rejects.refuse_unreadable_inputs(cfg.data, paths)
     forced = None if cfg.data.prepared else cfg.force  # what force=STEP moves aside
     if forced not in ("tokenizer", "tokenize"):
         shards.refuse_earlier_format(data)

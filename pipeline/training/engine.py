@@ -11,6 +11,7 @@ import torch
 import torch.distributed as dist
 
 from pipeline.config import PipelineConfig
+from pipeline.core import log
 from pipeline.data.datasets import MicroBatchSampler, loader
 from pipeline.model import gpt
 from pipeline.model.backends import base as backends
@@ -64,6 +65,7 @@ class Engine:
         self.dp_size = parallel_state.get_data_parallel_world_size()  # of this job, as launched
         # the last rank is on the last pipeline stage, where the loss is
         self.is_logger = self.rank.rank == self.rank.world_size - 1
+        log.RankFilter.logs = self.is_logger  # the other ranks' lines would repeat its own
 
     def placement(self) -> list[dict]:
         """Every rank's node, local rank and coordinates in the layout (on every rank)."""

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import math
 import signal
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,7 +15,7 @@ import torch
 
 from pipeline.config import PipelineConfig, TrainConfig
 from pipeline.config.derived import world_size
-from pipeline.core import files, provenance
+from pipeline.core import files, log, provenance
 from pipeline.core.errors import NonFinite
 from pipeline.core.paths import RunPaths
 from pipeline.core.steps import Interrupted
@@ -31,6 +30,8 @@ from pipeline.training.metrics import MetricsLog, Throughput, console_line
 from pipeline.training.profiling import StepProfiler
 from pipeline.training.saver import CheckpointSaver
 from pipeline.training.signals import StopRequest
+
+_log = log.get()
 
 
 class TrainRecord(TypedDict):
@@ -126,7 +127,7 @@ class Trainer(Engine):
                 "earlier checkpoints are kept: lower train.lr or check the data, then rerun"
             )
         why = "fp16 loss-scale overflow" if scaler_overflow else "not finite"
-        self._log(
+        _log.info(
             f"{what}: {why}, update skipped ({st.skipped_steps} skipped so far, "
             f"train.nonfinite={t.nonfinite})"
         )
@@ -156,7 +157,7 @@ class Trainer(Engine):
         self.state = RunState(**saved["run"])
         self.scheduler.load_state_dict(self.state.scheduler)
         took = time.perf_counter() - started
-        self._log(
+        _log.info(
             f"resumed from {folder} at step {self.state.step} (in {took:.1f} s: checksums "
             f"{verified - started:.1f} s, loading {took - verified + started:.1f} s)"
         )
@@ -185,7 +186,7 @@ class Trainer(Engine):
         dist_checkpoint.load_weights(target, self.chunks)
         self.optimizer.reload_model_params()  # the optimizer's own copy of the weights
         took = time.perf_counter() - started
-        self._log(f"started from the weights of {init_from} (in {took:.1f} s)")
+        _log.info(f"started from the weights of {init_from} (in {took:.1f} s)")
         self.metrics.record({"step": 0, "initialized_from": str(init_from), "init_load_s": took})
 
     def _staged_bytes(self) -> int:
@@ -237,7 +238,7 @@ class Trainer(Engine):
         if record is None:
             return
         self.metrics.record(record)
-        self._log(
+        _log.info(
             f"checkpoint of step {record['step']} complete: training waited "
             f"{record['checkpoint_blocked_s']:.2f} s, the save took "
             f"{record['checkpoint_total_s']:.2f} s"
@@ -248,20 +249,16 @@ class Trainer(Engine):
     def _record_placement(self) -> None:
         """train/ranks.json: for each attempt, the step it started from and where each rank ran."""
         ranks = self.placement()
-        self._log(f"[train] {placement.describe(ranks)}")
+        log.get("train").info(f"{placement.describe(ranks)}")
         kernels = self.backend.kernels(self.cfg)
-        self._log(f"[train] kernels: {kernels}")
+        log.get("train").info(f"kernels: {kernels}")
         self.metrics.record({"step": self.state.step, "kernels": kernels})
         if self.cfg.train.auto_choice:
-            self._log(f"[train] {self.cfg.train.auto_choice}")
+            log.get("train").info(f"{self.cfg.train.auto_choice}")
         if self.rank.is_first:
             record = files.read_json_or_none(self.paths.ranks) or {"attempts": []}
             record["attempts"].append({"from_step": self.state.step, "ranks": ranks})
             files.write_json(self.paths.ranks, record)
-
-    def _log(self, text: str) -> None:
-        if self.is_logger:
-            print(text, file=sys.stderr, flush=True)
 
     def _throughput(self) -> Throughput:
         cfg, t = self.cfg, self.cfg.train
@@ -331,7 +328,7 @@ class Trainer(Engine):
                     **self.throughput.over(window_steps, window_seconds),
                 }
                 self.metrics.record(record)
-                self._log(console_line(record, t.steps))
+                _log.info(console_line(record, t.steps))
                 window_seconds, window_steps = 0.0, 0
             due_save = t.save_interval > 0 and (
                 st.step % t.save_interval == 0 or st.step == t.steps
@@ -348,7 +345,7 @@ class Trainer(Engine):
                 requeue = stop.continues(self.device)
                 signals = ", ".join(signal.Signals(s).name for s in sorted(stop.received))
                 leaving = "exiting for requeue" if requeue else "exiting"
-                self._log(
+                _log.info(
                     f"{signals or 'a signal on another rank'}: saved step {st.step}, {leaving}"
                 )
                 return Interrupted(st.step, requeue)
@@ -372,7 +369,7 @@ class Trainer(Engine):
         record = {"step": st.step, "tokens": st.tokens, "val_loss": st.val_loss}
         self.metrics.record({**record, **(by_source if many else {})})
         each = ", ".join(f"{name} {loss:.4f}" for name, loss in losses.items())
-        self._log(
+        _log.info(
             f"step {st.step}: validation loss {st.val_loss:.4f}" + (f" ({each})" if many else "")
         )
 

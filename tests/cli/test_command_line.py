@@ -136,6 +136,8 @@ def test_one_step_by_hand_then_its_marker_makes_it_a_no_op(tmp_path):
     assert (tmp_path / "run" / "tokenizer" / "tokenizer.json").exists()
     again = module("pipeline.step", "tokenizer", *args)
     assert again.returncode == 0 and "[pipeline] tokenizer: already complete" in again.stderr
+    quiet = module("pipeline.step", "tokenizer", "-q", *args)  # warnings and errors only
+    assert quiet.returncode == 0 and "already complete" not in quiet.stderr, quiet.stderr
 
 
 @pytest.mark.parametrize("entry", ["pipeline", "pipeline.step", "pipeline.plan", "pipeline.status"])
@@ -144,7 +146,13 @@ def test_every_entry_point_has_its_own_help(entry, tmp_path):
     assert result.returncode == 0 and result.stderr == ""
     assert result.stdout.startswith(f"usage: python -m {entry} ")
     assert "  model=       gpt-1.3b, gpt-125m," in result.stdout  # the groups, from conf/
-    assert "train.steps, train.global_batch_size" in result.stdout
+    assert (
+        "\n  train.steps                  training steps; more continues a run\n" in result.stdout
+    )
+    assert (
+        "  train.precision              the math's precision (fp32 | bf16 | fp16 | fp8)"
+        in result.stdout
+    )
     assert "Examples:\n  python -m " + entry in result.stdout
 
 

@@ -4,7 +4,6 @@ this cluster, and how an interrupted step ends the chain."""
 from __future__ import annotations
 
 import contextlib
-import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -62,10 +61,6 @@ def failures_recorded(step: Step, cfg: PipelineConfig) -> Iterator[None]:
         files.write_json(record, {"at": time.strftime("%Y-%m-%dT%H:%M:%S"), "error": error})
         raise
     record.unlink(missing_ok=True)
-
-
-def say(text: str) -> None:
-    print(f"[pipeline] {text}", file=sys.stderr, flush=True)
 
 
 def stop_if_interrupted(step: Step, result: Any) -> None:

@@ -9,14 +9,16 @@ import os
 import time
 
 from pipeline.config import PipelineConfig
+from pipeline.core import log
 from pipeline.core.steps import Placement
 from pipeline.orchestration.executors.base import (
     failures_recorded,
     resources,
-    say,
     stop_if_interrupted,
 )
 from pipeline.orchestration.graph import ArrayStep, Step
+
+_log = log.get("pipeline")
 
 
 def _workers(cfg: PipelineConfig, tasks: int) -> int:
@@ -47,10 +49,10 @@ class InProcessExecutor:
         started = time.time()
         if step.placement is Placement.ARRAY:
             tasks = step.tasks(cfg)
-            say(f"{step.name}: running ({tasks} tasks)")
+            _log.info(f"{step.name}: running ({tasks} tasks)")
             _run_array(step, cfg, tasks)
         else:
-            say(f"{step.name}: running")
+            _log.info(f"{step.name}: running")
             ranks = resources(step, cfg).ranks
             if ranks > 1:
                 raise ValueError(
@@ -58,4 +60,4 @@ class InProcessExecutor:
                     "or cluster=slurm"
                 )
             stop_if_interrupted(step, step.run(cfg))
-        say(f"{step.name}: done in {time.time() - started:.1f} s")
+        _log.info(f"{step.name}: done in {time.time() - started:.1f} s")

@@ -10,12 +10,15 @@ from typing import Any
 
 from pipeline.config import PipelineConfig
 from pipeline.config.derived import slurm_minutes
+from pipeline.core import log
 from pipeline.core.paths import RunPaths
 from pipeline.core.steps import Placement
 from pipeline.orchestration import slurm_queue
-from pipeline.orchestration.executors.base import resources, say
+from pipeline.orchestration.executors.base import resources
 from pipeline.orchestration.graph import Step
 from pipeline.orchestration.tasks import ArrayTask, DistributedTask
+
+_log = log.get("pipeline")
 
 
 def slurm_parameters(cfg: PipelineConfig, step: Step) -> dict[str, Any]:
@@ -118,7 +121,9 @@ class SlurmExecutor:
             if step.name in active:
                 submitted[step.name] = active[step.name]
                 previous = active[step.name][0].split("_")[0]
-                say(f"{step.name}: job {previous} is still queued or running; not resubmitted")
+                _log.info(
+                    f"{step.name}: job {previous} is still queued or running; not resubmitted"
+                )
                 continue
             executor = _executor(cfg, step, previous)
             if step.placement is Placement.ARRAY:
@@ -131,5 +136,5 @@ class SlurmExecutor:
                 previous = job.job_id
             submitted[step.name] = ids
             tasks = f" ({len(ids)} array tasks)" if step.placement is Placement.ARRAY else ""
-            say(f"{step.name}: submitted job {previous}{tasks}")
+            _log.info(f"{step.name}: submitted job {previous}{tasks}")
         return submitted

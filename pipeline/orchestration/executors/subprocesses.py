@@ -11,17 +11,19 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from pipeline.config import PipelineConfig
+from pipeline.core import log
 from pipeline.core.errors import StageError
 from pipeline.core.paths import RunPaths
 from pipeline.core.steps import Placement
 from pipeline.orchestration.executors.base import (
     failures_recorded,
     resources,
-    say,
     stop_if_interrupted,
 )
 from pipeline.orchestration.graph import Step
 from pipeline.orchestration.tasks import ArrayTask, DistributedTask
+
+_log = log.get("pipeline")
 
 
 def _results(step: Step, job) -> list:
@@ -99,11 +101,13 @@ class SubprocessExecutor:
                 submitted = executor.map_array(ArrayTask(step, cfg), tasks)
             else:
                 submitted = [executor.submit(DistributedTask(step, cfg))]
-            say(f"{step.name}: {len(submitted)} job(s), logs under {submitted[0].paths.folder}")
+            _log.info(
+                f"{step.name}: {len(submitted)} job(s), logs under {submitted[0].paths.folder}"
+            )
             # an array's tasks each end with a line of their own; a training job's last rank,
             # which logs the steps (it holds the loss), is followed
             shown = _log_of_last_rank(submitted[0], needs.ranks) if len(submitted) == 1 else None
             with failures_recorded(step, cfg), _followed(shown):
                 for job in submitted:
                     stop_if_interrupted(step, _results(step, job)[0])
-            say(f"{step.name}: done in {time.time() - started:.1f} s")
+            _log.info(f"{step.name}: done in {time.time() - started:.1f} s")

@@ -14,7 +14,7 @@ from pipeline.data import sources
 from pipeline.data.records import Document, Span, read
 
 
-def refuse_losses(data: DataConfig, markers: list[dict], paths: RunPaths) -> None:
+def refuse_rejects(data: DataConfig, markers: list[dict], paths: RunPaths) -> None:
     """StageError, in one line naming the file or key, when an input file gave no document but
     had records, or when the bad records are more than data.max_reject_fraction of all (1:
     any loss accepted)."""

@@ -1,4 +1,4 @@
-"""What verify makes of the tokenize tasks' counts (pipeline.data.losses): a file none of whose
+"""What verify makes of the tokenize tasks' counts (pipeline.data.rejects): a file none of whose
 records became a document, wherever its records were, stops the run naming it; past
 data.max_reject_fraction the run stops; 1 accepts any loss."""
 
@@ -8,7 +8,7 @@ import pytest
 
 from pipeline.core.errors import StageError
 from pipeline.core.paths import RunPaths
-from pipeline.data.losses import refuse_losses
+from pipeline.data.rejects import refuse_rejects
 from tests.conftest import make_config
 
 
@@ -29,7 +29,7 @@ def test_a_file_with_records_and_no_document_stops_the_run(tmp_path):
         marker({"/d/b.jsonl": {"missing_text": 80}}),  # the same file's second part
     ]
     with pytest.raises(StageError) as refused:
-        refuse_losses(cfg.data, shards, RunPaths.of(tmp_path))
+        refuse_rejects(cfg.data, shards, RunPaths.of(tmp_path))
     assert str(refused.value) == (
         "data.text_key: all 200 records of /d/b.jsonl have no 'text' field; set "
         "data.text_key to the field its records hold the text in (each with its line in "
@@ -41,11 +41,11 @@ def test_the_reject_share_is_over_all_records_and_one_accepts_any_loss(tmp_path)
     shards = [marker({"/d/a.jsonl": {"documents": 97, "malformed_json": 3}})]
     strict = make_config(tmp_path, validate=False).data
     with pytest.raises(StageError, match=r"^data.max_reject_fraction: 3 of 100 records \(3.0%\)"):
-        refuse_losses(strict, shards, RunPaths.of(tmp_path))
-    refuse_losses(
+        refuse_rejects(strict, shards, RunPaths.of(tmp_path))
+    refuse_rejects(
         make_config(tmp_path, "data.max_reject_fraction=0.05").data, shards, RunPaths.of(tmp_path)
     )
     lost = [marker({"/d/a.jsonl": {"documents": 10}, "/d/b.jsonl": {"invalid_utf8": 50}})]
-    refuse_losses(
+    refuse_rejects(
         make_config(tmp_path, "data.max_reject_fraction=1").data, lost, RunPaths.of(tmp_path)
     )

@@ -1,0 +1,84 @@
+"""The allowed values of the config keys that take one of a few (each a schema field's type)."""
+
+from __future__ import annotations
+
+from pipeline.config.keys import Choice
+
+
+class Dedup(Choice):
+    none = "none"
+    exact = "exact"  # documents of the same text kept once in the whole corpus
+
+
+class TokenizerType(Choice):
+    bpe = "bpe"
+    unigram = "unigram"
+
+
+class Activation(Choice):
+    swiglu = "swiglu"
+    gelu = "gelu"
+
+
+class Normalization(Choice):
+    RMSNorm = "RMSNorm"
+    LayerNorm = "LayerNorm"
+
+
+class PositionEmbedding(Choice):
+    rope = "rope"
+    learned_absolute = "learned_absolute"
+
+
+class LrDecayStyle(Choice):
+    cosine = "cosine"
+    linear = "linear"
+    constant = "constant"
+    WSD = "WSD"
+
+
+class Precision(Choice):
+    fp32 = "fp32"
+    bf16 = "bf16"
+    fp16 = "fp16"
+    fp8 = "fp8"
+
+
+class Fp8Recipe(Choice):
+    delayed = "delayed"
+    tensorwise = "tensorwise"
+
+
+class Recompute(Choice):
+    none = "none"
+    selective = "selective"
+    full = "full"
+    auto = "auto"  # chosen by the planner with the micro-batch
+
+
+class Device(Choice):
+    auto = "auto"
+    cpu = "cpu"
+    cuda = "cuda"
+
+
+class NonFinite(Choice):
+    skip = "skip"
+    stop = "stop"
+
+
+class ExportDtype(Choice):
+    bf16 = "bf16"
+    fp32 = "fp32"
+    fp16 = "fp16"
+
+
+class ClusterName(Choice):
+    local = "local"
+    slurm = "slurm"
+
+
+class Executor(Choice):
+    inprocess = "inprocess"  # cluster=local
+    subprocess = "subprocess"  # cluster=local
+    slurm = "slurm"  # cluster=slurm
