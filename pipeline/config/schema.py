@@ -107,7 +107,17 @@ class ParallelConfig:
     virtual_pipeline: int | None = None
     sequence_parallel: bool = False
     distributed_optimizer: bool = True
-    overlap_grad_reduce: bool = False
+    # Communication overlap, as the fastest published Megatron runs use it; each is a no-op on
+    # one GPU (no data-parallel or tensor-parallel peers to talk to):
+    # gradients reduce-scattered bucket by bucket during backward, not after it
+    overlap_grad_reduce: bool = True
+    # with the distributed optimizer: updated weights all-gathered during the next forward
+    overlap_param_gather: bool = True
+    # with tensor parallelism: Transformer Engine's userbuffers overlap its all-gathers and
+    # reduce-scatters with the GEMMs (needs TE built with userbuffers and MPI-less bootstrap)
+    tp_comm_overlap: bool = False
+    # parameters per gradient-reduction bucket; None: megatron-core's own (40M or 1M x DP)
+    ddp_bucket_size: int | None = None
 
 
 @dataclass
@@ -235,6 +245,12 @@ class ClusterConfig:
     container_mounts: list[str] = field(default_factory=list)  # SRC:DST[:FLAGS]
     gpu: str | None = None  # GPU model, e.g. H100: peak FLOP/s, memory and fp8 support
     gpu_memory_gb: float | None = None  # None: that of cluster.gpu, when known
+    # The planner's machine model (pipeline.planning.hardware); None: cluster.gpu's preset
+    peak_tflops: float | None = None  # dense bf16 peak per GPU (fp8: twice this)
+    hbm_gbps: float | None = None  # GPU memory bandwidth, GB/s
+    nvlink_gbps: float | None = None  # NVLink bandwidth per GPU and direction, GB/s
+    network_gbps: float | None = None  # network (NIC) bandwidth per GPU and direction, GB/s
+    nvlink_domain: int | None = None  # GPUs joined by NVLink; None: a node (72 for GB200)
     checkpoint_write_gbps: float = 1.0  # write bandwidth of the checkpoint filesystem, GB/s
     # how long a rank waits for every rank to reach the first node before the job fails
     rendezvous_timeout_s: float = 300.0
