@@ -82,13 +82,16 @@ def _bus_gbps(members: int, stride: int, hw: Hardware) -> float:
     return min(hw.nvlink_gbps, in_domain * hw.network_gbps) * NCCL_EFFICIENCY
 
 
-def _collective_s(nbytes: float, members: int, stride: int, hw: Hardware) -> float:
-    """A reduce-scatter or all-gather of `nbytes` (the whole buffer) over the group."""
+def _collective_s(nbytes: float, members: int, stride: int, hw: Hardware, calls: int = 1) -> float:
+    """A reduce-scatter or all-gather of `nbytes` (the whole buffer) over the group, in `calls`
+    collectives (buckets): each pays a latency, across domains growing with log2 of the group
+    (NCCL's tree and PAT algorithms at scale)."""
     if members <= 1:
         return 0.0
     across = members * stride > hw.nvlink_domain
-    latency = (NETWORK_LATENCY_US if across else hw.latency_us) * 1e-6
-    return (members - 1) / members * nbytes / (_bus_gbps(members, stride, hw) * 1e9) + latency
+    latency = NETWORK_LATENCY_US * math.log2(members) if across else hw.latency_us
+    bandwidth = (members - 1) / members * nbytes / (_bus_gbps(members, stride, hw) * 1e9)
+    return bandwidth + calls * latency * 1e-6
 
 
 def _layer_s(
@@ -223,11 +226,12 @@ def _data_parallel_s(
         return 0.0
     params = _stage_params(m, vocab, lo)
     grads = params * (4 if lo.grad_reduce_fp32 else 2)
+    buckets = math.ceil(params / BUCKET_PARAMS)
     if lo.distributed_optimizer or lo.fsdp:
-        reduce = _collective_s(grads, members, stride, hw)
-        gather = _collective_s(2 * params, members, stride, hw) * (2 if lo.fsdp else 1)
+        reduce = _collective_s(grads, members, stride, hw, buckets)
+        gather = _collective_s(2 * params, members, stride, hw, buckets) * (2 if lo.fsdp else 1)
     else:  # an all-reduce: a reduce-scatter and an all-gather of the gradients
-        reduce, gather = 2 * _collective_s(grads, members, stride, hw), 0.0
+        reduce, gather = 2 * _collective_s(grads, members, stride, hw, buckets), 0.0
     tail = min(1.0, BUCKET_PARAMS / params)  # the last bucket waits for the end of backward
     if lo.overlap_grad_reduce:
         reduce = max(reduce - 2 / 3 * per_micro, reduce * tail)

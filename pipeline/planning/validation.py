@@ -99,13 +99,13 @@ def load(path: Path = PUBLISHED) -> list[Row]:
     ]
 
 
-def _capacity(hw: Hardware) -> int:
+def capacity(hw: Hardware) -> int:
     return capacity_bytes(memory_gb(hw.name) or 80)
 
 
 def fits(row: Row, layout: ParallelLayout) -> bool:
     split = replace(row.model, seq_length=row.model.seq_length // layout.context)
-    return memory_per_gpu(split, row.vocab, layout)["total"] <= _capacity(row.hardware)
+    return memory_per_gpu(split, row.vocab, layout)["total"] <= capacity(row.hardware)
 
 
 def _virtual_options(m: ModelConfig, pipeline: int) -> list[int | None]:

@@ -4,55 +4,23 @@ beside the published layout (or why it is slower: what the search leaves out, or
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 from pipeline.planning import validation as v
 from pipeline.planning.memory import memory_per_gpu
 from pipeline.planning.parallel_layout import ParallelLayout
-from pipeline.planning.search import pipeline_problem, tensor_parallel_problem, virtual_stages
+from pipeline.planning.scaling import MICRO_BATCHES, best_layout
+from pipeline.planning.search import pipeline_problem
 from pipeline.planning.throughput import expected_step
-
-MICRO_BATCHES = (1, 2, 4, 8)
 
 
 def planner_choice(row: v.Row) -> tuple[ParallelLayout, float] | None:
     """The fastest layout the planner's search finds for the row's model, GPU count, GPU and
-    global batch (precision and overlap settings as published; no context parallelism): TP
-    inside the NVLink domain, PP dividing the layers, virtual stages, micro-batch, recompute."""
-    pub, best = row.layout, None
-    gpus = pub.gpus
-    tensors = [t for t in (1, 2, 4, 8) if gpus % t == 0 and t <= row.hardware.nvlink_domain]
-    for tensor in (t for t in tensors if tensor_parallel_problem(row.model, t) is None):
-        for pipeline in range(1, gpus // tensor + 1):
-            if (gpus // tensor) % pipeline or pipeline_problem(row.model, pipeline):
-                continue
-            data = gpus // (tensor * pipeline)
-            if pub.global_batch % data:
-                continue
-            per_rank = pub.global_batch // data
-            for micro in (m for m in MICRO_BATCHES if per_rank % m == 0):
-                for virtual in virtual_stages(row.model, pipeline, per_rank // micro):
-                    for mode in v.RECOMPUTE_MODES:
-                        layout = replace(
-                            pub,
-                            tensor=tensor,
-                            pipeline=pipeline,
-                            data=data,
-                            context=1,
-                            micro_batch=micro,
-                            grad_accum=per_rank // micro,
-                            virtual_pipeline=virtual,
-                            recompute=mode,
-                            sequence_parallel=tensor > 1,
-                            tp_comm_overlap=pub.tp_comm_overlap and tensor > 1,
-                        )
-                        if not v.fits(row, layout):
-                            continue
-                        speed = expected_step(row.model, row.vocab, layout, row.hardware)
-                        tokens = speed["tokens_per_s_per_gpu"]
-                        if best is None or tokens > best[1]:
-                            best = (layout, tokens)
-    return best
+    global batch (precision and overlap settings as published; no context parallelism)."""
+    pub = row.layout
+    capacity = v.capacity(row.hardware)
+    choice = best_layout(
+        row.model, row.vocab, pub.gpus, pub.global_batch, row.hardware, capacity, pub
+    )
+    return (choice.layout, choice.estimate["tokens_per_s_per_gpu"]) if choice else None
 
 
 def why_slower(row: v.Row, published_layout: ParallelLayout) -> str:
