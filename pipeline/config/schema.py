@@ -113,8 +113,9 @@ class ParallelConfig:
     overlap_grad_reduce: bool = True
     # with the distributed optimizer: updated weights all-gathered during the next forward
     overlap_param_gather: bool = True
-    # with tensor parallelism: Transformer Engine's userbuffers overlap its all-gathers and
-    # reduce-scatters with the GEMMs (needs TE built with userbuffers and MPI-less bootstrap)
+    # with tensor parallelism and sequence parallelism: Transformer Engine's userbuffers overlap
+    # its all-gathers and reduce-scatters with the GEMMs; off until measured on several GPUs
+    # (tools/bench_scaling.py), as it needs a TE build with userbuffers
     tp_comm_overlap: bool = False
     # parameters per gradient-reduction bucket; None: megatron-core's own (40M or 1M x DP)
     ddp_bucket_size: int | None = None

@@ -56,7 +56,7 @@ class ParallelLayout:
             distributed_optimizer=p.distributed_optimizer,
             overlap_grad_reduce=p.overlap_grad_reduce,
             overlap_param_gather=p.overlap_param_gather,
-            tp_comm_overlap=p.tp_comm_overlap and p.tensor > 1,
+            tp_comm_overlap=p.tp_comm_overlap and p.tensor > 1 and p.sequence_parallel,
             precision=t.precision,
             fused_kernels=trains_on_gpu(cfg),
         )

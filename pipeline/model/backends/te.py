@@ -90,6 +90,9 @@ class TransformerEngineBackend:
             gradient_accumulation_fusion=t.apex and _apex_available(),
             deallocate_pipeline_outputs=True,
         )
+        if _tp_comm_overlap(cfg):
+            _initialize_userbuffers(cfg)
+            options.update(tp_comm_overlap=True)
         if t.te_activation:  # TE's activation kernels replace megatron-core's bias fusion
             options.update(use_te_activation_func=True, bias_activation_fusion=False)
         if t.precision == "fp8":
@@ -248,6 +251,34 @@ class CheckpointableTEActivation:
 
         layer.sharded_state_dict = sharded_state_dict
         return layer
+
+
+def _tp_comm_overlap(cfg: PipelineConfig) -> bool:
+    """parallel.tp_comm_overlap where it can act: tensor-parallel ranks, sequence parallel."""
+    p = cfg.parallel
+    return bool(p.tp_comm_overlap and p.tensor > 1 and p.sequence_parallel)
+
+
+_USERBUFFERS: list[bool] = []  # Transformer Engine's userbuffers are made once per process
+
+
+def _initialize_userbuffers(cfg: PipelineConfig) -> None:
+    """Transformer Engine's userbuffers for the tensor-parallel all-gathers and reduce-scatters
+    its GEMMs overlap (one [tokens of a micro-batch, hidden] buffer per collective), set up
+    over the NCCL process group as Megatron-LM does."""
+    if _USERBUFFERS:
+        return
+    from transformer_engine.pytorch.module.base import initialize_ub
+
+    t, m = cfg.train, cfg.model
+    initialize_ub(
+        shape=[m.seq_length * t.micro_batch_size, m.hidden_size],
+        tp_size=cfg.parallel.tensor,
+        use_fp8=t.precision == "fp8",
+        dtype=params_dtype(t.precision),
+        bootstrap_backend="nccl",
+    )
+    _USERBUFFERS.append(True)
 
 
 def ddp_settings(cfg: PipelineConfig, config_class):
