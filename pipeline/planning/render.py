@@ -64,6 +64,7 @@ def summary_lines(cfg: PipelineConfig, vocab_size: int) -> list[str]:
         *_overlap_lines(cfg, layout),
         f"[plan] {tokens_per_step(cfg):,} tokens/step x {steps} steps = "
         f"{count(tokens_per_step(cfg) * steps)} tokens",
+        *_speed_lines(cfg, vocab_size, layout),
         *mixture.plan_lines(cfg),
     ]
 
@@ -81,9 +82,21 @@ def _overlap_lines(cfg: PipelineConfig, layout: ParallelLayout) -> list[str]:
         "sequence_parallel": layout.sequence_parallel,
         "tp_comm_overlap": layout.tp_comm_overlap,
     }
-    bucket = f"{p.ddp_bucket_size:,}" if p.ddp_bucket_size else "megatron-core's"
+    bucket = f"{p.ddp_bucket_size:,} parameters" if p.ddp_bucket_size else "megatron-core's size"
     settings = ", ".join(f"{key}={'on' if value else 'off'}" for key, value in on.items())
-    return [f"[plan] communication: {settings}; gradient bucket {bucket} parameters"]
+    return [f"[plan] communication: {settings}; gradient buckets of {bucket}"]
+
+
+def _speed_lines(cfg: PipelineConfig, vocab_size: int, layout: ParallelLayout) -> list[str]:
+    """The layout's expected speed on the config's GPUs (named, or H100's preset)."""
+    if not layout.fused_kernels:
+        return []
+    hw = hardware.of(cfg)
+    est = expected_step(cfg.model, vocab_size, layout, hw)
+    return [
+        f"[plan] expected on {hw.name}: {est['tokens_per_s_per_gpu']:,.0f} tokens/s per GPU, "
+        f"MFU {est['mfu']:.2f}, {est['step_s']:.2f} s/step ({breakdown_text(est)})"
+    ]
 
 
 def _parameter_lines(

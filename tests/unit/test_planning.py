@@ -294,6 +294,8 @@ def test_summary_lines_for_the_launcher(tmp_path):
     assert "1.36 B parameters" in lines[0] and "output layer 65.5 M" in lines[0]
     assert lines[1].startswith("[plan] memory per GPU ~")
     assert "524,288 tokens/step x 20000 steps" in lines[2]
+    # the layout's own estimate on the cluster's GPU (H100's preset when none is named)
+    assert lines[3].startswith("[plan] expected on H100: ") and "s/step (compute" in lines[3]
 
 
 # --- checks before submission: what would fail after hours in the queue ---------------------
