@@ -15,7 +15,7 @@ from pipeline.planning.parallel_layout import ParallelLayout
 from pipeline.planning.search import pipeline_problem, tensor_parallel_problem, virtual_stages
 from pipeline.planning.throughput import expected_step
 
-MICRO_BATCHES = (1, 2, 4, 8)
+MICRO_BATCHES = (1, 2, 4, 8, 16, 32, 64)
 RECOMPUTE_MODES = ("none", "selective", "full")
 
 

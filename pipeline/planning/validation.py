@@ -103,9 +103,15 @@ def capacity(hw: Hardware) -> int:
     return capacity_bytes(memory_gb(hw.name) or 80)
 
 
-def fits(row: Row, layout: ParallelLayout) -> bool:
+def memory_need(row: Row, layout: ParallelLayout) -> int:
+    """Bytes on the busiest GPU by the memory estimate (context parallelism splits the
+    sequence)."""
     split = replace(row.model, seq_length=row.model.seq_length // layout.context)
-    return memory_per_gpu(split, row.vocab, layout)["total"] <= capacity(row.hardware)
+    return memory_per_gpu(split, row.vocab, layout)["total"]
+
+
+def fits(row: Row, layout: ParallelLayout) -> bool:
+    return memory_need(row, layout) <= capacity(row.hardware)
 
 
 def _virtual_options(m: ModelConfig, pipeline: int) -> list[int | None]:

@@ -5,7 +5,6 @@ beside the published layout (or why it is slower: what the search leaves out, or
 from __future__ import annotations
 
 from pipeline.planning import validation as v
-from pipeline.planning.memory import memory_per_gpu
 from pipeline.planning.parallel_layout import ParallelLayout
 from pipeline.planning.scaling import MICRO_BATCHES, best_layout
 from pipeline.planning.search import pipeline_problem
@@ -33,7 +32,7 @@ def why_slower(row: v.Row, published_layout: ParallelLayout) -> str:
     if lo.micro_batch not in MICRO_BATCHES:
         reasons.append(f"micro-batch {lo.micro_batch} is beyond the search")
     if not v.fits(row, lo):
-        need = memory_per_gpu(row.model, row.vocab, lo)["total"] / 2**30
+        need = v.memory_need(row, lo) / 2**30
         reasons.append(f"published layout needs ~{need:.0f} GiB by the memory estimate")
     return "; ".join(reasons) or "not explained"
 
