@@ -25,6 +25,7 @@ class ParallelLayout:
     overlap_grad_reduce: bool = False
     overlap_param_gather: bool = False
     tp_comm_overlap: bool = False
+    bucket_params: int | None = None  # gradient bucket; None: megatron-core's, max(40M, 1M x DP)
     fsdp: bool = False  # weights sharded too (published runs): a second all-gather in backward
     grad_reduce_fp32: bool = True  # gradients reduced in fp32 (this pipeline), else in bf16
     precision: str = "bf16"
@@ -57,6 +58,7 @@ class ParallelLayout:
             overlap_grad_reduce=p.overlap_grad_reduce,
             overlap_param_gather=p.overlap_param_gather,
             tp_comm_overlap=p.tp_comm_overlap and p.tensor > 1 and p.sequence_parallel,
+            bucket_params=p.ddp_bucket_size,
             precision=t.precision,
             fused_kernels=trains_on_gpu(cfg),
         )

@@ -61,6 +61,7 @@ def _base_layout(cfg: PipelineConfig) -> ParallelLayout:
         overlap_grad_reduce=p.overlap_grad_reduce,
         overlap_param_gather=p.overlap_param_gather and p.distributed_optimizer,
         tp_comm_overlap=p.tp_comm_overlap,
+        bucket_params=p.ddp_bucket_size,
         precision=t.precision,
         fused_kernels=True,
     )

@@ -54,7 +54,7 @@ NCCL_EFFICIENCY = 0.80
 HBM_EFFICIENCY = 0.80
 NETWORK_LATENCY_US = 20.0  # a collective's fixed cost across nodes
 OPTIMIZER_BYTES = 30  # per parameter and step: fp32 grad, master weight, 2 moments, bf16 weight
-BUCKET_PARAMS = 40_000_000  # megatron-core's gradient bucket (parameters)
+BUCKET_PARAMS = 40_000_000  # megatron-core's gradient bucket: max(this, 1M x DP) parameters
 
 
 def tokens_per_step(cfg: PipelineConfig) -> int:
@@ -226,13 +226,14 @@ def _data_parallel_s(
         return 0.0
     params = _stage_params(m, vocab, lo)
     grads = params * (4 if lo.grad_reduce_fp32 else 2)
-    buckets = math.ceil(params / BUCKET_PARAMS)
+    bucket = lo.bucket_params or max(BUCKET_PARAMS, 1_000_000 * members)
+    buckets = math.ceil(params / bucket)
     if lo.distributed_optimizer or lo.fsdp:
         reduce = _collective_s(grads, members, stride, hw, buckets)
         gather = _collective_s(2 * params, members, stride, hw, buckets) * (2 if lo.fsdp else 1)
     else:  # an all-reduce: a reduce-scatter and an all-gather of the gradients
         reduce, gather = 2 * _collective_s(grads, members, stride, hw, buckets), 0.0
-    tail = min(1.0, BUCKET_PARAMS / params)  # the last bucket waits for the end of backward
+    tail = min(1.0, bucket / params)  # the last bucket waits for the end of backward
     if lo.overlap_grad_reduce:
         reduce = max(reduce - 2 / 3 * per_micro, reduce * tail)
     if lo.overlap_param_gather or lo.fsdp:

@@ -140,3 +140,13 @@ def test_plan_json_is_one_object_with_the_estimate(tmp_path):
     assert set(parts) >= {"compute", "exposed_tp", "pp_bubble", "exposed_dp"}
     assert sum(parts.values()) == pytest.approx(plan["step_seconds"])
     assert 0 < plan["memory_gib_per_gpu"] < 80
+
+
+def test_the_gradient_bucket_size_is_part_of_the_estimate():
+    """parallel.ddp_bucket_size: small buckets pay NCCL's latency once each across 128 nodes."""
+    row = next(r for r in ROWS if r.id == "here-h200-gpt-1.3b")
+    wide = replace(row.layout, data=1024, micro_batch=1, grad_accum=1, overlap_param_gather=True)
+    wide = replace(wide, overlap_grad_reduce=True)
+    default = expected_step(row.model, row.vocab, wide, preset("H100"))["dp_comm_s"]
+    small = replace(wide, bucket_params=1_000_000)
+    assert expected_step(row.model, row.vocab, small, preset("H100"))["dp_comm_s"] > 2 * default
