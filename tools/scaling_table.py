@@ -85,7 +85,7 @@ def document(gpu: str) -> str:
         "parameter gathering, sequence parallelism with TP > 1, no TP communication overlap.",
         "",
         "Each point is the fastest layout the search finds (TP inside a node, PP dividing the "
-        "layers, virtual stages, micro-batch 1-8, recompute) whose memory estimate fits the GPU. "
+        "layers, virtual stages, micro-batch 1-64, recompute) whose memory estimate fits the GPU. "
         "These are predictions, not measurements: `python -m pipeline.plan --validate` shows "
         "the model against published runs (median error a few percent, the worst ~15%). "
         "*Efficiency* is tokens/s per GPU against the first point that fits; *limit* is the "

@@ -79,14 +79,14 @@ def best_layout(
 
 def limit(choice: Choice, hw: Hardware) -> str:
     """What costs this point the most beyond compute: the bubble, TP (across NVLink domains),
-    data-parallel traffic, or nothing much."""
+    data-parallel traffic (bandwidth and per-bucket latency), or nothing much."""
     e, lo = choice.estimate, choice.layout
     costs = {
         "pipeline bubble": e["bubble_s"],
         "TP across NVLink domains" if lo.tensor > hw.nvlink_domain else "TP traffic": e[
             "tp_comm_s"
         ],
-        "DP bandwidth": e["dp_comm_s"],
+        "DP traffic": e["dp_comm_s"],
         "optimizer": e["optimizer_s"],
     }
     name, seconds = max(costs.items(), key=lambda item: item[1])
