@@ -38,7 +38,8 @@ def test_the_estimate_printed_beside_each_measurement():
     assert plan["fits"] and "train.recompute=none" in overrides
     assert 0.3 < plan["mfu"] < 0.7
     # llama-8b on two GPUs: nothing fits without sharding the optimizer further
-    _, big = bench.fitting("llama-8b", data, 2, args, 64, "NVIDIA H100 80GB HBM3")
+    one = SimpleNamespace(micro_batch=1, warmup=3, steps=8)
+    _, big = bench.fitting("llama-8b", data, 2, one, 64, "NVIDIA H100 80GB HBM3")
     assert not big["fits"]
 
 
