@@ -335,6 +335,7 @@ _AT_LEAST_ONE = (
     "model.ffn_hidden_size",
     "model.make_vocab_size_divisible_by",
     "parallel.virtual_pipeline",
+    "parallel.ddp_bucket_size",
     "train.grad_accum",
     "train.eval_samples",
     "train.threads",
@@ -345,6 +346,7 @@ _AT_LEAST_ONE = (
     "cluster.cpus_per_task",
     "cluster.mem_gb",
     "cluster.array_parallelism",
+    "cluster.nvlink_domain",
 )
 _NOT_NEGATIVE = (
     "train.clip_grad",
@@ -355,6 +357,13 @@ _NOT_NEGATIVE = (
     "cluster.gpus_per_node",
 )
 _POSITIVE = ("train.lr", "train.adam_eps", "model.init_method_std", "model.rotary_base")
+# The planner's machine model: None takes cluster.gpu's preset
+_POSITIVE_IF_SET = (
+    "cluster.peak_tflops",
+    "cluster.hbm_gbps",
+    "cluster.nvlink_gbps",
+    "cluster.network_gbps",
+)
 _FRACTION = (
     "train.adam_beta1",
     "train.adam_beta2",
@@ -376,6 +385,10 @@ def _validate_bounds(cfg: PipelineConfig) -> None:
     for key in _POSITIVE:
         value = value_at(cfg, key)
         _require(value > 0 and math.isfinite(value), key, f"{value} must be a positive number")
+    for key in _POSITIVE_IF_SET:
+        value = value_at(cfg, key)
+        ok = value is None or (value > 0 and math.isfinite(value))
+        _require(ok, key, f"{value} must be a positive number")
     for key in _FRACTION:
         value = value_at(cfg, key)
         _require(0 <= value < 1, key, f"{value} must be in [0, 1)")

@@ -11,7 +11,8 @@ from dataclasses import replace
 
 import pytest
 
-from pipeline.planning import validation, validation_report
+from pipeline.core.errors import ConfigError
+from pipeline.planning import hardware, validation, validation_report
 from pipeline.planning.hardware import preset
 from pipeline.planning.throughput import expected_step
 from tests.conftest import ROOT, make_config
@@ -150,3 +151,22 @@ def test_the_gradient_bucket_size_is_part_of_the_estimate():
     default = expected_step(row.model, row.vocab, wide, preset("H100"))["dp_comm_s"]
     small = replace(wide, bucket_params=1_000_000)
     assert expected_step(row.model, row.vocab, small, preset("H100"))["dp_comm_s"] > 2 * default
+
+
+@pytest.mark.parametrize(
+    "override,key",
+    [
+        ("cluster.network_gbps=0", "cluster.network_gbps"),
+        ("cluster.nvlink_domain=0", "cluster.nvlink_domain"),
+        ("parallel.ddp_bucket_size=0", "parallel.ddp_bucket_size"),
+    ],
+)
+def test_machine_and_bucket_keys_refuse_nonsense(tmp_path, override, key):
+    with pytest.raises(ConfigError, match=f"^{key}: "):
+        make_config(tmp_path, override)
+
+
+def test_cluster_keys_override_the_preset(tmp_path):
+    cfg = make_config(tmp_path, *H200_GPT, "cluster.network_gbps=25", "cluster.nvlink_domain=72")
+    hw = hardware.of(cfg)
+    assert (hw.name, hw.network_gbps, hw.nvlink_domain, hw.hbm_gbps) == ("H200", 25, 72, 4800)
