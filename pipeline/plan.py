@@ -1,6 +1,8 @@
 """`python -m pipeline.plan [overrides] [--search] [--gpu-memory GB] [--gpus N] [--gpu NAME]
-[--tokens N] [--mfu F]`: plan a run before it is submitted, by arithmetic alone (no torch):
-parameters, FLOPs, memory per GPU, wall time, and with --search the parallel layouts that fit.
+[--tokens N] [--mfu F] [--json]`: plan a run before it is submitted, by arithmetic alone (no
+torch): parameters, FLOPs, memory per GPU, the layout's expected speed and wall time, and with
+--search the parallel layouts that fit; --json prints the layout and its estimate as one JSON
+object. `python -m pipeline.plan --validate`: the throughput model against published runs.
 
 The plan's own flags are taken off the command line before Hydra sees it (`plan.KEY=VALUE`
 works too), so the config schema is untouched.
@@ -9,6 +11,7 @@ works too), so the config schema is untouched.
 from __future__ import annotations
 
 import functools
+import json
 import sys
 
 import hydra
@@ -18,7 +21,7 @@ from pipeline import cli, usage
 from pipeline.config import PipelineConfig
 from pipeline.core import log
 from pipeline.core.errors import ConfigError
-from pipeline.planning.render import PlanOptions, plan_lines
+from pipeline.planning.render import PlanOptions, plan_json, plan_lines
 
 _FLAGS = {
     "--search": "search",
@@ -27,7 +30,9 @@ _FLAGS = {
     "--gpu": "gpu",
     "--tokens": "tokens",
     "--mfu": "mfu",
+    "--json": "json",
 }
+_SWITCHES = {"search", "json"}
 _SUFFIX = {"K": 1e3, "M": 1e6, "B": 1e9, "G": 1e9, "T": 1e12}
 
 
@@ -40,8 +45,8 @@ def parse_tokens(text: str) -> float:
 
 
 def _set_option(options: PlanOptions, name: str, value: str) -> None:
-    if name == "search":
-        options.search = value.lower() not in ("false", "0", "no")
+    if name in _SWITCHES:
+        setattr(options, name, value.lower() not in ("false", "0", "no"))
     elif name == "gpus":
         options.gpus = int(value)
     elif name == "gpu":
@@ -63,7 +68,7 @@ def pop_options(argv: list[str]) -> tuple[PlanOptions, list[str]]:
         flag, _, inline = arg.partition("=")
         if flag in _FLAGS:
             name = _FLAGS[flag]
-            if name == "search" and not inline:
+            if name in _SWITCHES and not inline:
                 value = "true"
             elif inline:
                 value = inline
@@ -82,12 +87,21 @@ def pop_options(argv: list[str]) -> tuple[PlanOptions, list[str]]:
 
 
 def show(options: PlanOptions, cfg: PipelineConfig) -> None:
-    print("\n".join(plan_lines(cfg, options)))
+    if options.json:
+        print(json.dumps(plan_json(cfg, options), indent=1))
+    else:
+        print("\n".join(plan_lines(cfg, options)))
 
 
 def main() -> None:
     log.take_quiet(sys.argv)  # -q: warnings and errors only
     usage.answer_help("pipeline.plan", sys.argv[1:])
+    if "--validate" in sys.argv[1:]:
+        from pipeline.planning.validation_report import report_lines
+
+        lines, ok = report_lines()
+        print("\n".join(lines))
+        sys.exit(0 if ok else 1)
     try:
         options, rest = pop_options(sys.argv[1:])
     except ConfigError as e:

@@ -26,13 +26,18 @@ USAGE = {
     ),
     "pipeline.plan": (
         "python -m pipeline.plan [KEY=VALUE ...] [--search] [--gpu-memory GB] [--gpus N]\n"
-        "                        [--gpu NAME] [--tokens N] [--mfu F]",
+        "                        [--gpu NAME] [--tokens N] [--mfu F] [--json]\n"
+        "       python -m pipeline.plan --validate",
         "The plan of a run by arithmetic alone, before anything is submitted: parameters, FLOPs,\n"
-        "memory per GPU, tokens and epochs, wall time; --search ranks the parallel layouts that\n"
-        "fit --gpu-memory on --gpus GPUs.",
+        "memory per GPU, tokens and epochs, the layout's expected speed and wall time; --search\n"
+        "ranks the parallel layouts that fit --gpu-memory on --gpus GPUs; --json prints the layout\n"
+        "and its estimate as one JSON object; --validate compares the throughput model with\n"
+        "published runs (exit 1 if it misses its bounds).",
         [
             "python -m pipeline.plan model=gpt-1.3b train=gpu --gpu H100 --gpus 8 --search",
             "python -m pipeline.plan model=gpt-2.7b --gpu-memory 80 --tokens 50B",
+            "python -m pipeline.plan model=gpt-1.3b train=gpu cluster.nodes=4 cluster.gpus_per_node=8 "
+            "--gpu H100 --json",
         ],
     ),
     "pipeline.status": (

@@ -156,7 +156,24 @@ class ParallelConfig:
     )
     sequence_parallel: bool = command(False, "with tensor parallelism")
     distributed_optimizer: bool = command(True, "optimizer state sharded over data parallelism")
-    overlap_grad_reduce: bool = command(False, "gradient reduction during the backward pass")
+    # Communication overlap, as the fastest published Megatron runs use it; each is a no-op on
+    # one GPU (no data-parallel or tensor-parallel peers to talk to)
+    overlap_grad_reduce: bool = command(
+        True, "gradients reduce-scattered bucket by bucket during the backward pass"
+    )
+    overlap_param_gather: bool = command(
+        True, "with the distributed optimizer: weights all-gathered during the next forward"
+    )
+    # off until measured on several GPUs (tools/bench_scaling.py): it needs a TE build with
+    # userbuffers
+    tp_comm_overlap: bool = command(
+        False, "TP with sequence parallelism: TE's userbuffers overlap its collectives with GEMMs"
+    )
+    ddp_bucket_size: int | None = command(
+        None,
+        "parameters per gradient-reduction bucket; none: megatron-core's (40M or 1M x DP)",
+        bound=AT_LEAST_ONE,
+    )
 
 
 @dataclass
@@ -303,6 +320,20 @@ class ClusterConfig:
     container_mounts: list[str] = command(help="SRC:DST[:FLAGS]", factory=list, script=True)
     gpu: str | None = command(None, "GPU model, e.g. H100: peak FLOP/s, memory and fp8")
     gpu_memory_gb: float | None = command(None, "none: that of cluster.gpu, when known")
+    # The planner's machine model (pipeline.planning.hardware); none: cluster.gpu's preset
+    peak_tflops: float | None = command(
+        None, "dense bf16 peak per GPU, TFLOP/s (fp8: twice this)", bound=POSITIVE
+    )
+    hbm_gbps: float | None = command(None, "GPU memory bandwidth, GB/s", bound=POSITIVE)
+    nvlink_gbps: float | None = command(
+        None, "NVLink bandwidth per GPU and direction, GB/s", bound=POSITIVE
+    )
+    network_gbps: float | None = command(
+        None, "network bandwidth per GPU and direction, GB/s", bound=POSITIVE
+    )
+    nvlink_domain: int | None = command(
+        None, "GPUs joined by NVLink; none: a node (72 for GB200)", bound=AT_LEAST_ONE
+    )
     checkpoint_write_gbps: float = command(1.0, "the checkpoint filesystem's write GB/s")
     rendezvous_timeout_s: float = command(300.0, "a rank's wait for every rank to start")
 

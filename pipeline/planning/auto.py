@@ -24,6 +24,8 @@ from pipeline.config.schema import AUTO
 from pipeline.core.errors import ConfigError
 from pipeline.core.paths import RunPaths
 from pipeline.data.datasets import vocab_size
+from pipeline.planning import hardware
+from pipeline.planning.hardware import Hardware
 from pipeline.planning.memory import memory_per_gpu
 from pipeline.planning.parallel_layout import ParallelLayout
 from pipeline.planning.preflight import gpu_memory_gb
@@ -155,12 +157,13 @@ def micro_batches(cfg: PipelineConfig, data: int, fixed_layout: bool) -> list[in
 def options(
     cfg: PipelineConfig,
     vocab: int,
-    peak: float | None = None,
+    hw: Hardware | None = None,
     layouts: list[tuple[int, int]] | None = None,
 ) -> list[Option]:
-    """Every open combination with its estimates, fastest first (`peak`: the GPU's TFLOP/s,
-    which weighs compute against communication, H100/H200's when unknown; `layouts`: the
+    """Every open combination with its estimates, fastest first (`hw`: the GPUs and fabric,
+    which weigh compute against communication, the config's cluster when None; `layouts`: the
     (tensor, pipeline) sizes open, when the caller has them)."""
+    hw = hw or hardware.of(cfg)
     t = cfg.train
     modes = RECOMPUTE_MODES if t.recompute == AUTO else (t.recompute,)
     layouts = layouts or parallel_layouts(cfg)[0]
@@ -175,8 +178,7 @@ def options(
             for mode in modes:
                 layout = replace(base, recompute=mode)
                 memory = memory_per_gpu(cfg.model, vocab, layout)["total"]
-                per_node = cfg.cluster.gpus_per_node or 8
-                speed = expected_step(shaped, vocab, layout, per_node, peak or 989.0)
+                speed = expected_step(cfg.model, vocab, layout, hw)
                 found.append(Option(layout, memory, speed["tokens_per_s_per_gpu"]))
     return sorted(found, key=lambda o: (-o.tokens_per_s, o.memory))
 
@@ -230,9 +232,9 @@ def settle(cfg: PipelineConfig) -> PipelineConfig:
         return _on_cpu(cfg)
     capacity, source, name = gpu_capacity(cfg)
     vocab = vocab_size(cfg)[0]
-    peak = gpus.peak_tflops(name or "", cfg.train.precision)
     layouts, kept = parallel_layouts(cfg)  # read once: a resume's checkpoint records
-    chosen, best, too_big = choose(options(cfg, vocab, peak, layouts), capacity)
+    found = options(cfg, vocab, hardware.of(cfg, name), layouts)
+    chosen, best, too_big = choose(found, capacity)
     layout_open = AUTO in (cfg.parallel.tensor, cfg.parallel.pipeline)
     lo = chosen.layout
     why_layout = kept or "the only layout"

@@ -128,7 +128,10 @@ def static_bytes(params: dict[str, int], layout: ParallelLayout) -> dict[str, in
         weights, optimizer = 2 * n, 12 * n
         if layout.precision == "fp8":
             weights += 2 * params["linear_weights"]
-    return {"weights": weights, "gradients": 4 * n, "optimizer": math.ceil(optimizer / shards)}
+    gradients = 4 * n
+    if layout.fsdp:  # published runs with fully sharded weights: weights and gradients too
+        weights, gradients = math.ceil(weights / shards), math.ceil(gradients / shards)
+    return {"weights": weights, "gradients": gradients, "optimizer": math.ceil(optimizer / shards)}
 
 
 def stage_memory(

@@ -20,15 +20,21 @@ class ParallelLayout:
     recompute_layers: int | None = None  # full recompute: layers recomputed per stage
     virtual_pipeline: int | None = None
     sequence_parallel: bool = False
+    context: int = 1  # context-parallel ranks (published runs; this pipeline trains with 1)
     distributed_optimizer: bool = True
     overlap_grad_reduce: bool = False
+    overlap_param_gather: bool = False
+    tp_comm_overlap: bool = False
+    bucket_params: int | None = None  # gradient bucket; None: megatron-core's, max(40M, 1M x DP)
+    fsdp: bool = False  # weights sharded too (published runs): a second all-gather in backward
+    grad_reduce_fp32: bool = True  # gradients reduced in fp32 (this pipeline), else in bf16
     precision: str = "bf16"
     # The GPU backend: Transformer Engine's flash attention and fused cross-entropy.
     fused_kernels: bool = True
 
     @property
     def gpus(self) -> int:
-        return self.tensor * self.pipeline * self.data
+        return self.tensor * self.pipeline * self.context * self.data
 
     @property
     def global_batch(self) -> int:
@@ -50,6 +56,9 @@ class ParallelLayout:
             sequence_parallel=p.sequence_parallel,
             distributed_optimizer=p.distributed_optimizer,
             overlap_grad_reduce=p.overlap_grad_reduce,
+            overlap_param_gather=p.overlap_param_gather,
+            tp_comm_overlap=p.tp_comm_overlap and p.tensor > 1 and p.sequence_parallel,
+            bucket_params=p.ddp_bucket_size,
             precision=t.precision,
             fused_kernels=trains_on_gpu(cfg),
         )

@@ -21,6 +21,7 @@ from pipeline.model.huggingface import files as hf_files
 from pipeline.model.huggingface import tokenizer as hf_tokenizer
 from pipeline.model.parameters import parameter_count
 from pipeline.model.sizes import padded_vocab
+from pipeline.planning import hardware
 from pipeline.planning.memory import memory_per_gpu
 from pipeline.planning.parallel_layout import ParallelLayout
 from pipeline.planning.search import search_layouts
@@ -198,7 +199,9 @@ def _check_fits(cfg: PipelineConfig, vocab_size: int) -> None:
     if need <= capacity:
         return
     ranks = world_size(cfg.cluster)
-    found = search_layouts(cfg, vocab_size, ranks, memory_gb, cfg.cluster.gpus_per_node)
+    found = search_layouts(
+        cfg, vocab_size, ranks, memory_gb, cfg.cluster.gpus_per_node, hardware.of(cfg)
+    )
     if found.feasible:
         lo = found.feasible[0].layout
         hint = (
@@ -227,7 +230,8 @@ def _check_time_limit(cfg: PipelineConfig, vocab_size: int) -> None:
     save_s = writes * checkpoint_bytes(cfg, vocab_size) / (c.checkpoint_write_gbps * 1e9)
     step_s = 0.0
     if trains_on_gpu(cfg):
-        step_s = expected_step(cfg, vocab_size, ParallelLayout.of(cfg))["step_s"]
+        layout, hw = ParallelLayout.of(cfg), hardware.of(cfg)
+        step_s = expected_step(cfg.model, vocab_size, layout, hw)["step_s"]
     need = save_s + step_s + SAVE_MARGIN_S
     if t.exit_signal_lead_s < need:
         raise ConfigError(

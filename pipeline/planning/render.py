@@ -12,6 +12,7 @@ from pipeline.data import datasets, mixture
 from pipeline.model.flops import flops_per_sequence
 from pipeline.model.parameters import parameter_count, stage_params
 from pipeline.model.sizes import ffn_hidden_size
+from pipeline.planning import hardware
 from pipeline.planning.memory import (
     memory_per_gpu,
     micro_batches_in_flight,
@@ -19,22 +20,16 @@ from pipeline.planning.memory import (
 )
 from pipeline.planning.parallel_layout import ParallelLayout
 from pipeline.planning.search import RECOMPUTE_MODES, search_layouts
-from pipeline.planning.throughput import (
-    DEFAULT_MFU,
-    measured_mfu,
-    steps_for,
-    tokens_per_step,
-    wall_seconds,
-)
+from pipeline.planning.throughput import expected_step, steps_for, tokens_per_step
 from pipeline.planning.units import GIB, count, duration, gib
 from pipeline.planning.units import flops as flops_text
-from pipeline.runtime.gpus import GPU_BY_MEMORY, capacity_bytes, peak_tflops
+from pipeline.runtime.gpus import GPU_BY_MEMORY, capacity_bytes
 
 
 @dataclass
 class PlanOptions:
     """Settings of `python -m pipeline.plan` beside the config: search the layouts, for which
-    GPUs, over which token budget, at which MFU."""
+    GPUs, over which token budget, at an MFU of the user's instead of the estimate's, as JSON."""
 
     search: bool = False
     gpu_memory_gb: float | None = None
@@ -42,6 +37,7 @@ class PlanOptions:
     gpu: str | None = None
     tokens: float | None = None
     mfu: float | None = None
+    json: bool = False
 
 
 def summary_lines(cfg: PipelineConfig, vocab_size: int) -> list[str]:
@@ -65,9 +61,41 @@ def summary_lines(cfg: PipelineConfig, vocab_size: int) -> list[str]:
         f"{per_token / 1e9:.2f} GFLOP/token",
         f"[plan] memory per {where} ~{gib(memory['total'])} ({parts} GiB) for {layout.describe()}",
         *([f"[plan] chosen: {cfg.train.auto_choice}"] if cfg.train.auto_choice else []),
+        *_overlap_lines(cfg, layout),
         f"[plan] {tokens_per_step(cfg):,} tokens/step x {steps} steps = "
         f"{count(tokens_per_step(cfg) * steps)} tokens",
+        *_speed_lines(cfg, vocab_size, layout),
         *mixture.plan_lines(cfg),
+    ]
+
+
+def _overlap_lines(cfg: PipelineConfig, layout: ParallelLayout) -> list[str]:
+    """The communication settings a run of several GPUs trains with (none on one GPU)."""
+    if layout.gpus == 1 or not layout.fused_kernels:
+        return []
+    p = cfg.parallel
+    on = {
+        "overlap_grad_reduce": p.overlap_grad_reduce and layout.data > 1,
+        "overlap_param_gather": p.overlap_param_gather
+        and p.distributed_optimizer
+        and layout.data > 1,
+        "sequence_parallel": layout.sequence_parallel,
+        "tp_comm_overlap": layout.tp_comm_overlap,
+    }
+    bucket = f"{p.ddp_bucket_size:,} parameters" if p.ddp_bucket_size else "megatron-core's size"
+    settings = ", ".join(f"{key}={'on' if value else 'off'}" for key, value in on.items())
+    return [f"[plan] communication: {settings}; gradient buckets of {bucket}"]
+
+
+def _speed_lines(cfg: PipelineConfig, vocab_size: int, layout: ParallelLayout) -> list[str]:
+    """The layout's expected speed on the config's GPUs (named, or H100's preset)."""
+    if not layout.fused_kernels:
+        return []
+    hw = hardware.of(cfg)
+    est = expected_step(cfg.model, vocab_size, layout, hw)
+    return [
+        f"[plan] expected on {hw.name}: {est['tokens_per_s_per_gpu']:,.0f} tokens/s per GPU, "
+        f"MFU {est['mfu']:.2f}, {est['step_s']:.2f} s/step ({breakdown_text(est)})"
     ]
 
 
@@ -174,6 +202,12 @@ def _activation_table(cfg: PipelineConfig, layout: ParallelLayout) -> list[str]:
     return lines
 
 
+def token_budget(cfg: PipelineConfig, options: PlanOptions) -> tuple[float, str]:
+    if options.tokens:
+        return options.tokens, "--tokens"
+    return tokens_per_step(cfg) * cfg.train.steps, f"train.steps={cfg.train.steps}"
+
+
 def _time_lines(
     cfg: PipelineConfig,
     vocab_size: int,
@@ -182,31 +216,40 @@ def _time_lines(
     gpu: str | None,
 ) -> list[str]:
     per_step = tokens_per_step(cfg)
-    if options.tokens:
-        budget, source = options.tokens, "--tokens"
-    else:
-        budget, source = per_step * cfg.train.steps, f"train.steps={cfg.train.steps}"
+    budget, source = token_budget(cfg, options)
     steps = steps_for(budget, cfg)
     lines = [
         f"Tokens per step: {cfg.train.global_batch_size} x {cfg.model.seq_length} = {per_step:,}",
         f"Token budget: {count(budget)} ({source}) = {steps:,} steps",
     ]
-    peak = peak_tflops(gpu, cfg.train.precision) if gpu else None
-    if peak is None:
-        why = f"no peak FLOP/s known for {gpu}" if gpu else "no GPU in this config"
-        lines.append(f"Wall time: {why}; name a GPU with --gpu H100 for an estimate")
+    if gpu is None:
+        lines.append("Wall time: no GPU in this config; name one with --gpu H100 for an estimate")
         return lines
-    mfu, how = options.mfu, "given"
-    if mfu is None:
-        mfu, how = measured_mfu(cfg), "measured"
-    if mfu is None:
-        mfu, how = DEFAULT_MFU, "assumed"
-    seconds = wall_seconds(cfg, vocab_size, steps, layout.gpus, peak, mfu)
-    lines.append(
-        f"Wall time: {duration(seconds)} on {layout.gpus} x {gpu} ({peak:g} TFLOP/s) at MFU "
-        f"{mfu:.2f} ({how}); {seconds / steps:.2f} s/step"
-    )
+    hw = hardware.of(cfg, gpu)
+    est = expected_step(cfg.model, vocab_size, layout, hw)
+    step_s, how = est["step_s"], f"estimated for this layout, MFU {est['mfu']:.2f}"
+    if options.mfu:  # the user's MFU instead of the estimate's
+        step_s *= est["mfu"] / options.mfu
+        how = f"at the given MFU {options.mfu:.2f}"
+    peak = hw.peak_tflops(layout.precision)
+    lines += [
+        f"Wall time: {duration(step_s * steps)} on {layout.gpus} x {hw.name} ({peak:g} TFLOP/s) "
+        f"({how}); {step_s:.2f} s/step, {est['tokens_per_s_per_gpu'] * est['step_s'] / step_s:,.0f}"
+        " tokens/s per GPU",
+        "  step: " + breakdown_text(est),
+    ]
     return lines
+
+
+def breakdown_text(est: dict[str, float]) -> str:
+    parts = (
+        ("compute", "compute_s"),
+        ("exposed TP", "tp_comm_s"),
+        ("pipeline bubble", "bubble_s"),
+        ("exposed DP", "dp_comm_s"),
+        ("optimizer", "optimizer_s"),
+    )
+    return ", ".join(f"{name} {est[key]:.3f} s" for name, key in parts)
 
 
 def _search_lines(
@@ -218,23 +261,24 @@ def _search_lines(
     options: PlanOptions,
 ) -> list[str]:
     gpu = options.gpu or GPU_BY_MEMORY.get(int(memory_gb), "H100")
-    peak = peak_tflops(gpu, cfg.train.precision) or 989.0
-    mfu = options.mfu or DEFAULT_MFU
-    found = search_layouts(cfg, vocab_size, gpus, memory_gb, per_node, peak, mfu)
+    hw = hardware.of(cfg, gpu)
+    found = search_layouts(cfg, vocab_size, gpus, memory_gb, per_node, hw)
     capacity = capacity_bytes(memory_gb)
     lines = [
         "",
         f"Layout search: {cfg.model.name} on {gpus} x {memory_gb:g} GB ({gib(capacity)}), "
         f"{per_node} per node, sequence {cfg.model.seq_length}, global batch "
-        f"{cfg.train.global_batch_size}; ranked by expected tokens/s ({gpu}, MFU {mfu:.2f} "
-        "at large micro-batches)",
-        f"  {'#':>3} {'TP':>3} {'PP':>3} {'DP':>4} {'mbs':>4} {'accum':>5} {'recompute':<10}"
+        f"{cfg.train.global_batch_size}; ranked by expected tokens/s on {hw.name} "
+        f"(NVLink domain {hw.nvlink_domain})",
+        f"  {'#':>3} {'TP':>3} {'PP':>3} {'vp':>3} {'DP':>4} {'mbs':>4} {'accum':>5} "
+        f"{'recompute':<10}"
         f"{'SP':<4}{'memory':>11} {'MFU':>6} {'tok/s/GPU':>10} {'step':>9}",
     ]
     for i, c in enumerate(found.feasible[:15], 1):
         lo, th = c.layout, c.throughput
         lines.append(
-            f"  {i:>3} {lo.tensor:>3} {lo.pipeline:>3} {lo.data:>4} {lo.micro_batch:>4} "
+            f"  {i:>3} {lo.tensor:>3} {lo.pipeline:>3} {lo.virtual_pipeline or '-':>3} "
+            f"{lo.data:>4} {lo.micro_batch:>4} "
             f"{lo.grad_accum:>5} {lo.recompute:<10}{'yes' if lo.sequence_parallel else '-':<4}"
             f"{gib(c.memory['total']):>11} {th['mfu']:>6.2f} "
             f"{th['tokens_per_s_per_gpu']:>10,.0f} {th['step_s']:>8.2f}s"
@@ -283,3 +327,47 @@ def plan_lines(cfg: PipelineConfig, options: PlanOptions) -> list[str]:
         per_node = max(1, min(cfg.cluster.gpus_per_node or 8, gpus))
         lines += _search_lines(cfg, vocab_size, gpus, memory_gb, per_node, options)
     return lines
+
+
+def plan_json(cfg: PipelineConfig, options: PlanOptions) -> dict:
+    """The configured (or chosen) layout and its estimate, for other tools to read."""
+    vocab_size, _ = datasets.vocab_size(cfg)
+    layout = ParallelLayout.of(cfg)
+    memory_gb = options.gpu_memory_gb or 80.0
+    gpu = options.gpu or cfg.cluster.gpu or GPU_BY_MEMORY.get(int(memory_gb), "H100")
+    hw = hardware.of(cfg, gpu)
+    est = expected_step(cfg.model, vocab_size, layout, hw)
+    steps = steps_for(token_budget(cfg, options)[0], cfg)
+    return {
+        "model": cfg.model.name,
+        "gpu": hw.name,
+        "gpus": layout.gpus,
+        "tokens_per_s_per_gpu": est["tokens_per_s_per_gpu"],
+        "tflops_per_gpu": est["tflops_per_gpu"],
+        "mfu": est["mfu"],
+        "step_seconds": est["step_s"],
+        "steps": steps,
+        "wall_seconds": est["step_s"] * steps,
+        "memory_gib_per_gpu": memory_per_gpu(cfg.model, vocab_size, layout)["total"] / GIB,
+        "layout": {
+            "tp": layout.tensor,
+            "pp": layout.pipeline,
+            "vp": layout.virtual_pipeline,
+            "dp": layout.data,
+            "micro_batch": layout.micro_batch,
+            "grad_accum": layout.grad_accum,
+            "recompute": layout.recompute,
+            "sequence_parallel": layout.sequence_parallel,
+            "overlap_grad_reduce": layout.overlap_grad_reduce,
+            "overlap_param_gather": layout.overlap_param_gather,
+            "tp_comm_overlap": layout.tp_comm_overlap,
+        },
+        "breakdown": {
+            "compute": est["compute_s"],
+            "exposed_tp": est["tp_comm_s"],
+            "pp_bubble": est["bubble_s"],
+            "exposed_dp": est["dp_comm_s"],
+            "optimizer": est["optimizer_s"],
+        },
+        "auto_choice": cfg.train.auto_choice,
+    }

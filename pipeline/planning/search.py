@@ -8,11 +8,13 @@ from dataclasses import dataclass, field, replace
 
 from pipeline.config import ModelConfig, PipelineConfig
 from pipeline.model.sizes import ffn_hidden_size
+from pipeline.planning import hardware
+from pipeline.planning.hardware import Hardware
 from pipeline.planning.memory import memory_per_gpu
 from pipeline.planning.parallel_layout import ParallelLayout
-from pipeline.planning.throughput import DEFAULT_MFU, expected_step
+from pipeline.planning.throughput import expected_step
 from pipeline.planning.units import GIB
-from pipeline.runtime.gpus import GPU_BY_MEMORY, capacity_bytes, peak_tflops
+from pipeline.runtime.gpus import GPU_BY_MEMORY, capacity_bytes
 
 RECOMPUTE_MODES = ("none", "selective", "full")
 
@@ -57,9 +59,21 @@ def _base_layout(cfg: PipelineConfig) -> ParallelLayout:
     return ParallelLayout(
         distributed_optimizer=p.distributed_optimizer,
         overlap_grad_reduce=p.overlap_grad_reduce,
+        overlap_param_gather=p.overlap_param_gather and p.distributed_optimizer,
+        tp_comm_overlap=p.tp_comm_overlap,
+        bucket_params=p.ddp_bucket_size,
         precision=t.precision,
         fused_kernels=True,
     )
+
+
+def virtual_stages(m: ModelConfig, pipeline: int, grad_accum: int) -> list[int | None]:
+    """Virtual pipeline stages worth trying: none, and up to 8 that split each stage's layers
+    evenly where the interleaved schedule can run (micro-batches a multiple of the stages)."""
+    if pipeline == 1 or grad_accum % pipeline:
+        return [None]
+    per_stage = m.num_layers // pipeline
+    return [None] + [v for v in range(2, 9) if per_stage % v == 0]
 
 
 def search_layouts(
@@ -68,16 +82,18 @@ def search_layouts(
     gpus: int,
     gpu_memory_gb: float,
     gpus_per_node: int = 8,
-    peak: float | None = None,
-    mfu: float = DEFAULT_MFU,
+    hw: Hardware | None = None,
 ) -> Search:
-    """Every (TP, PP, DP, micro-batch, accumulation, recompute) for `gpus` GPUs of
-    `gpu_memory_gb` at the config's sequence length and global batch: those that fit, fastest
-    first by `expected_step`, and a reason for each that does not. Sequence parallelism is on
-    whenever TP > 1 (less memory, the same traffic)."""
+    """Every (TP, PP, virtual stages, DP, micro-batch, accumulation, recompute) for `gpus` GPUs
+    of `gpu_memory_gb` at the config's sequence length and global batch: those that fit,
+    fastest first by `expected_step` on `hw` (the preset of the GPU of that memory, with
+    `gpus_per_node` to an NVLink domain, when None), and a reason for each that does not.
+    Sequence parallelism is on whenever TP > 1 (less memory, the same traffic)."""
     capacity = capacity_bytes(gpu_memory_gb)
-    if peak is None:
-        peak = peak_tflops(GPU_BY_MEMORY.get(int(gpu_memory_gb), "H100"), cfg.train.precision)
+    if hw is None:
+        hw = hardware.preset(GPU_BY_MEMORY.get(int(gpu_memory_gb), "H100"))
+        if hw.nvlink_domain <= hardware.NODE:
+            hw = replace(hw, nvlink_domain=gpus_per_node)
     global_batch = cfg.train.global_batch_size
     base = _base_layout(cfg)
     found = Search()
@@ -98,25 +114,42 @@ def search_layouts(
                 found.rejected.append(f"{where}: global batch {global_batch} not divisible by DP")
                 continue
             for micro in _divisors(global_batch // data):
-                for recompute in RECOMPUTE_MODES:
-                    layout = replace(
-                        base,
-                        tensor=tensor,
-                        pipeline=pipeline,
-                        data=data,
-                        micro_batch=micro,
-                        grad_accum=global_batch // (data * micro),
-                        recompute=recompute,
-                        sequence_parallel=tensor > 1,
-                    )
-                    memory = memory_per_gpu(cfg.model, vocab_size, layout)
-                    if memory["total"] > capacity:
-                        found.rejected.append(
-                            f"{where} mbs={micro} recompute={recompute}: needs "
-                            f"{memory['total'] / GIB:.1f} GiB > {capacity / GIB:.1f} GiB"
+                accum = global_batch // (data * micro)
+                for virtual in virtual_stages(cfg.model, pipeline, accum):
+                    for recompute in RECOMPUTE_MODES:
+                        layout = replace(
+                            base,
+                            tensor=tensor,
+                            pipeline=pipeline,
+                            virtual_pipeline=virtual,
+                            data=data,
+                            micro_batch=micro,
+                            grad_accum=accum,
+                            recompute=recompute,
+                            sequence_parallel=tensor > 1,
+                            tp_comm_overlap=base.tp_comm_overlap and tensor > 1,
                         )
-                        continue
-                    speed = expected_step(cfg, vocab_size, layout, gpus_per_node, peak, mfu)
-                    found.feasible.append(Candidate(layout, memory, speed))
+                        _consider(cfg, vocab_size, layout, capacity, hw, found)
     found.feasible.sort(key=lambda c: (-c.throughput["tokens_per_s_per_gpu"], c.memory["total"]))
     return found
+
+
+def _consider(
+    cfg: PipelineConfig,
+    vocab_size: int,
+    layout: ParallelLayout,
+    capacity: int,
+    hw: Hardware,
+    found: Search,
+) -> None:
+    memory = memory_per_gpu(cfg.model, vocab_size, layout)
+    if memory["total"] > capacity:
+        vp = f" vp={layout.virtual_pipeline}" if layout.virtual_pipeline else ""
+        found.rejected.append(
+            f"TP={layout.tensor} PP={layout.pipeline}{vp} DP={layout.data} "
+            f"mbs={layout.micro_batch} recompute={layout.recompute}: needs "
+            f"{memory['total'] / GIB:.1f} GiB > {capacity / GIB:.1f} GiB"
+        )
+        return
+    speed = expected_step(cfg.model, vocab_size, layout, hw)
+    found.feasible.append(Candidate(layout, memory, speed))

@@ -6,16 +6,21 @@ from __future__ import annotations
 # fp8 tensor cores need compute capability 8.9 (Ada) or newer (Hopper 9.0, Blackwell 10.0).
 GPUS = {
     "H200": (141, (9, 0)), "H100": (80, (9, 0)), "GH200": (96, (9, 0)), "B200": (180, (10, 0)),
+    "GB200": (186, (10, 0)),
     "A100": (80, (8, 0)), "A100-40GB": (40, (8, 0)), "L40S": (48, (8, 9)), "L4": (24, (8, 9)),
     "A10": (24, (8, 6)), "V100": (32, (7, 0)),
 }  # fmt: skip
 FP8_CAPABILITY = (8, 9)
 
 # Dense bf16/fp16 tensor-core peaks, TFLOP/s, by device name fragment (fp8 is twice these).
-PEAK_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0, "L40S": 362.0, "B200": 2250.0}
+PEAK_TFLOPS = {
+    "H200": 989.0, "H100": 989.0, "A100": 312.0, "L40S": 362.0, "GB200": 2500.0, "B200": 2250.0,
+}  # fmt: skip
 # Plain fp32 peaks (SXM parts; torch leaves TF32 off for matmuls, and so does this pipeline):
 # train.precision=fp32 runs at these, an order of magnitude below.
-FP32_PEAK_TFLOPS = {"H200": 67.0, "H100": 67.0, "A100": 19.5, "L40S": 91.6, "B200": 80.0}
+FP32_PEAK_TFLOPS = {
+    "H200": 67.0, "H100": 67.0, "A100": 19.5, "L40S": 91.6, "GB200": 80.0, "B200": 80.0,
+}  # fmt: skip
 
 # What the nominal sizes report as device memory (MiB); other sizes are taken as GiB.
 DEVICE_MIB = {24: 24576, 40: 40960, 80: 81559, 141: 143771}

@@ -223,6 +223,9 @@ class Trainer(Engine):
     def save(self) -> None:
         """Start a checkpoint of this step (in the background unless train.async_save=false)."""
         self._tick()
+        sync = getattr(self.optimizer, "sync_params", None)
+        if sync:  # weights whose all-gather overlaps the next forward: complete them first
+            sync()
         self.state.scheduler = self.scheduler.state_dict()
         state = {
             "step": self.state.step,

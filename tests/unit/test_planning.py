@@ -10,11 +10,14 @@ from dataclasses import replace
 import pytest
 
 from pipeline.config import ConfigError
+from pipeline.data import datasets
 from pipeline.model import flops
 from pipeline.model.parameters import layer_params, parameter_count, stage_params
 from pipeline.plan import pop_options
 from pipeline.planning import memory, preflight, render, search, throughput
+from pipeline.planning.hardware import preset
 from pipeline.planning.parallel_layout import ParallelLayout
+from pipeline.planning.render import PlanOptions, plan_lines
 from pipeline.runtime.gpus import capacity_bytes
 from tests.conftest import GPU_GIVEN, make_config
 
@@ -217,9 +220,13 @@ def test_wall_time_for_a_token_budget(tmp_path):
     )
     assert throughput.tokens_per_step(cfg) == 64 * 2048
     assert throughput.steps_for(1e9, cfg) == 7630  # ceil(1e9 / 131,072)
-    seconds = throughput.wall_seconds(cfg, 32000, 7630, 8, 989.0, 0.5)
-    expected = 17_194_901_569_536 * 64 * 7630 / (8 * 989e12 * 0.5)
-    assert seconds == pytest.approx(expected)
+    # the wall time is the layout's own estimate of a step, not an assumed MFU
+    vocab = datasets.vocab_size(cfg)[0]
+    step = throughput.expected_step(cfg.model, vocab, ParallelLayout.of(cfg), preset("H100"))
+    lines = plan_lines(cfg, PlanOptions(tokens=1e9, gpu="H100"))
+    wall = next(line for line in lines if line.startswith("Wall time:"))
+    assert f"{step['step_s']:.2f} s/step" in wall
+    assert f"MFU {step['mfu']:.2f}" in wall and "assumed" not in wall
 
 
 def test_search_rejects_tensor_parallel_sizes_that_do_not_divide_heads(tmp_path):
@@ -260,12 +267,11 @@ def test_best_layout_for_gpt_1_3b_needs_no_tensor_parallelism(tmp_path):
     speeds = [c.throughput["tokens_per_s_per_gpu"] for c in ranked]
     assert speeds == sorted(speeds, reverse=True)
     # tensor parallelism across nodes pays for the network
-    inside = throughput.expected_step(
-        many, 32000, ParallelLayout(tensor=8, micro_batch=8, grad_accum=32)
-    )
-    across = throughput.expected_step(
-        many, 32000, ParallelLayout(tensor=8, micro_batch=8, grad_accum=32), gpus_per_node=4
-    )
+    layout = ParallelLayout(tensor=8, micro_batch=8, grad_accum=32, sequence_parallel=True)
+    inside = throughput.expected_step(many.model, 32000, layout, preset("H100"))
+    four = replace(preset("H100"), nvlink_domain=4)
+    across = throughput.expected_step(many.model, 32000, layout, four)
+    assert across["tp_comm_s"] > 2 * inside["tp_comm_s"]  # 4 NICs of 50 GB/s, not NVLink
     assert across["step_s"] > inside["step_s"]
 
 
@@ -288,6 +294,8 @@ def test_summary_lines_for_the_launcher(tmp_path):
     assert "1.36 B parameters" in lines[0] and "output layer 65.5 M" in lines[0]
     assert lines[1].startswith("[plan] memory per GPU ~")
     assert "524,288 tokens/step x 20000 steps" in lines[2]
+    # the layout's own estimate on the cluster's GPU (H100's preset when none is named)
+    assert lines[3].startswith("[plan] expected on H100: ") and "s/step (compute" in lines[3]
 
 
 # --- checks before submission: what would fail after hours in the queue ---------------------

@@ -11,6 +11,7 @@ from typing import Any
 import torch
 
 from pipeline.config import PipelineConfig
+from pipeline.config.derived import data_parallel_size
 from pipeline.model import dist_checkpoint
 from pipeline.model.backends import names
 from pipeline.model.sizes import params_dtype
@@ -89,6 +90,9 @@ class TransformerEngineBackend:
             gradient_accumulation_fusion=t.apex and _apex_available(),
             deallocate_pipeline_outputs=True,
         )
+        if _tp_comm_overlap(cfg):
+            _initialize_userbuffers(cfg)
+            options.update(tp_comm_overlap=True)
         if t.te_activation:  # TE's activation kernels replace megatron-core's bias fusion
             options.update(use_te_activation_func=True, bias_activation_fusion=False)
         if t.precision == "fp8":
@@ -147,11 +151,7 @@ class TransformerEngineBackend:
         config = chunks[0].config
         if config.fp16 or config.bf16:
             chunks = [Float16Module(config, c) for c in chunks]
-        ddp_config = DistributedDataParallelConfig(
-            grad_reduce_in_fp32=True,
-            overlap_grad_reduce=cfg.parallel.overlap_grad_reduce,
-            use_distributed_optimizer=cfg.parallel.distributed_optimizer,
-        )
+        ddp_config = ddp_settings(cfg, DistributedDataParallelConfig)
         wrapped = [
             DistributedDataParallel(
                 config=config, ddp_config=ddp_config, module=c, disable_bucketing=i > 0
@@ -165,7 +165,7 @@ class TransformerEngineBackend:
         no_sync = [c.no_sync for c in wrapped]
         config.no_sync_func = no_sync[0] if len(no_sync) == 1 else no_sync
         config.finalize_model_grads_func = finalize_model_grads
-        if cfg.parallel.overlap_grad_reduce:
+        if ddp_config.overlap_grad_reduce:
             start = [c.start_grad_sync for c in wrapped]
             config.grad_sync_func = start[0] if len(start) == 1 else start
         return wrapped
@@ -253,6 +253,49 @@ class CheckpointableTEActivation:
         return layer
 
 
+def _tp_comm_overlap(cfg: PipelineConfig) -> bool:
+    """parallel.tp_comm_overlap where it can act: tensor-parallel ranks, sequence parallel."""
+    p = cfg.parallel
+    return bool(p.tp_comm_overlap and p.tensor > 1 and p.sequence_parallel)
+
+
+_USERBUFFERS: list[bool] = []  # Transformer Engine's userbuffers are made once per process
+
+
+def _initialize_userbuffers(cfg: PipelineConfig) -> None:
+    """Transformer Engine's userbuffers for the tensor-parallel all-gathers and reduce-scatters
+    its GEMMs overlap (one [tokens of a micro-batch, hidden] buffer per collective), set up
+    over the NCCL process group as Megatron-LM does."""
+    if _USERBUFFERS:
+        return
+    from transformer_engine.pytorch.module.base import initialize_ub
+
+    t, m = cfg.train, cfg.model
+    initialize_ub(
+        shape=[m.seq_length * t.micro_batch_size, m.hidden_size],
+        tp_size=cfg.parallel.tensor,
+        use_fp8=t.precision == "fp8",
+        dtype=params_dtype(t.precision),
+        bootstrap_backend="nccl",
+    )
+    _USERBUFFERS.append(True)
+
+
+def ddp_settings(cfg: PipelineConfig, config_class):
+    """megatron-core's DistributedDataParallelConfig for the run. The overlaps only where there
+    are data-parallel peers: on one rank megatron-core would still hook every parameter and
+    module and call NCCL on a group of one, so one GPU trains exactly as without them."""
+    p = cfg.parallel
+    peers = data_parallel_size(cfg) > 1
+    return config_class(
+        grad_reduce_in_fp32=True,
+        overlap_grad_reduce=p.overlap_grad_reduce and peers,
+        overlap_param_gather=p.overlap_param_gather and p.distributed_optimizer and peers,
+        use_distributed_optimizer=p.distributed_optimizer,
+        bucket_size=p.ddp_bucket_size,
+    )
+
+
 def _fuse_wgrad_accumulation(chunks: list[torch.nn.Module]) -> None:
     """Let Transformer Engine's layers add their weight gradients straight into the fp32 main
     gradients that DistributedDataParallel allocated (one GEMM, no bf16 copy and no separate
@@ -299,6 +342,13 @@ class _StepAdapter:
 
     def zero_grad(self) -> None:
         self.inner.zero_grad()
+
+    def sync_params(self) -> None:
+        """Finish the weights' all-gather now, not in the next forward, where
+        parallel.overlap_param_gather leaves it: a checkpoint reads the weights."""
+        for chunk in self.chunks:
+            if chunk.ddp_config.overlap_param_gather:
+                chunk.start_param_sync(force_sync=True)
 
     def reload_model_params(self) -> None:
         """Copy weights loaded into the model into the optimizer's fp32 main copy."""
