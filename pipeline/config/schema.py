@@ -336,6 +336,12 @@ class ClusterConfig:
     )
     checkpoint_write_gbps: float = command(1.0, "the checkpoint filesystem's write GB/s")
     rendezvous_timeout_s: float = command(300.0, "a rank's wait for every rank to start")
+    hang_timeout_s: float | None = command(
+        None,
+        "a training rank without progress this long ends the attempt; none: 10x the slowest "
+        "step (60 s at least, 900 s before the first step and in loads and saves); 0: off",
+        bound=NOT_NEGATIVE,
+    )
 
 
 @dataclass

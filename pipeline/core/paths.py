@@ -160,6 +160,16 @@ class RunPaths:
         return self.train_dir / "ranks.json"
 
     @property
+    def progress(self) -> Path:
+        """Each training rank's last phase and step, one small file a rank (the hang watchdog)."""
+        return self.train_dir / "progress"
+
+    @property
+    def failures_log(self) -> Path:
+        """One line for each fault a training attempt ended with: kind, ranks, nodes, cost."""
+        return self.train_dir / "failures.jsonl"
+
+    @property
     def train_done(self) -> Path:
         return self.train_dir / "DONE.json"
 

@@ -5,15 +5,17 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 from typing import Any
 
 from pipeline.config import PipelineConfig
 from pipeline.core import log
 from pipeline.core.errors import StageError
+from pipeline.core.paths import RunPaths
 from pipeline.core.steps import Interrupted, Placement
 from pipeline.orchestration import rendezvous
 from pipeline.orchestration.graph import ArrayStep, Step
-from pipeline.runtime import distributed
+from pipeline.runtime import distributed, progress
 from pipeline.training import signals
 
 _log = log.get()
@@ -59,6 +61,8 @@ class DistributedTask:
             signals.listen()  # before seconds of imports: the warning may come that early
         try:
             export_distributed_env(self.cfg.cluster.rendezvous_timeout_s)
+            if self.step.placement is Placement.TRAINING_RANKS:
+                watched(self.cfg)
             share_cpu_threads()
             result = self.step.run(self.cfg)
         except StageError as e:  # the job's log says why in one line, above submitit's trace
@@ -67,6 +71,47 @@ class DistributedTask:
         if isinstance(result, Interrupted) and result.requeue:
             requeue(self.cfg.train.max_requeues)
         return result
+
+
+# torch's defaults where the job sets none: a failed or timed-out NCCL collective ends the
+# process instead of hanging it, and each rank keeps its last collectives (the flight
+# recorder), written to train/ on a timeout: which rank was missing from which collective
+NCCL_DEFAULTS = {
+    "TORCH_NCCL_ASYNC_ERROR_HANDLING": "3",
+    "TORCH_NCCL_TRACE_BUFFER_SIZE": "2000",
+    "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
+}
+
+
+def watched(cfg: PipelineConfig) -> None:
+    """This training rank reports its progress; the node's first rank starts the node's hang
+    watchdog (pipeline.runtime.watchdog), a process of its own. cluster.hang_timeout_s=0: off."""
+    paths = RunPaths.of(cfg.workdir)
+    for name, value in NCCL_DEFAULTS.items():
+        os.environ.setdefault(name, value)
+    os.environ.setdefault("TORCH_FR_DUMP_TEMP_FILE", str(paths.train_dir / "nccl_trace_rank_"))
+    timeout = cfg.cluster.hang_timeout_s
+    if timeout == 0:
+        return
+    me = distributed.from_env()
+    progress.start(paths.progress, me.rank)
+    if me.local_rank != 0:
+        return
+    attempt = os.environ.get("SLURM_RESTART_COUNT", "0")
+    subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "pipeline.runtime.watchdog",
+            str(cfg.workdir),
+            progress.node_name(),
+            str(os.getpid()),
+            attempt,
+            "auto" if timeout is None else str(timeout),
+        ],
+        stdin=subprocess.DEVNULL,
+        start_new_session=True,  # a Ctrl-C to the job's group is the ranks' to handle
+    )
 
 
 def requeue(max_requeues: int) -> None:

@@ -13,7 +13,7 @@ from typing import TypedDict
 
 import torch
 
-from pipeline.config import PipelineConfig, TrainConfig
+from pipeline.config import PipelineConfig
 from pipeline.config.derived import world_size
 from pipeline.core import files, log, provenance
 from pipeline.core.errors import NonFinite
@@ -22,13 +22,14 @@ from pipeline.core.steps import Interrupted
 from pipeline.data import datasets, evalsets, sources
 from pipeline.model import flops
 from pipeline.reporting.report import write_report
-from pipeline.runtime import placement
+from pipeline.runtime import placement, progress
 from pipeline.runtime.gpus import peak_tflops
 from pipeline.training import checkpoint, checkpoint_records
 from pipeline.training.engine import Engine
 from pipeline.training.metrics import MetricsLog, Throughput, console_line
 from pipeline.training.profiling import StepProfiler
 from pipeline.training.saver import CheckpointSaver
+from pipeline.training.schedule import lr_scheduler
 from pipeline.training.signals import StopRequest
 
 _log = log.get()
@@ -109,6 +110,7 @@ class Trainer(Engine):
         loss = float(total[0] / total[1].clamp(min=1))
         if not math.isfinite(loss):
             return loss, math.nan, False
+        progress.phase("optimizer")
         updated, grad_norm = self.optimizer.step()  # not updated: a non-finite gradient
         if updated:
             self.scheduler.step(1)
@@ -145,6 +147,7 @@ class Trainer(Engine):
     # --- checkpoints --------------------------------------------------------------------------
 
     def resume(self) -> None:
+        progress.phase("load")
         started = time.perf_counter()
         folder = checkpoint.latest(self.paths.checkpoints, collective=True)
         if folder is None:
@@ -222,6 +225,7 @@ class Trainer(Engine):
 
     def save(self) -> None:
         """Start a checkpoint of this step (in the background unless train.async_save=false)."""
+        progress.phase("save")
         self._tick()
         sync = getattr(self.optimizer, "sync_params", None)
         if sync:  # weights whose all-gather overlaps the next forward: complete them first
@@ -294,15 +298,19 @@ class Trainer(Engine):
         # (time-limit warning, preemption) reaches them too, which would otherwise kill them
         stop = StopRequest()
         iterators = self.iterators(train_ds, self.state.consumed_samples, t.micro_batch_size)
+        iterators = [progress.reporting(batches) for batches in iterators]
         self.metrics.open_tensorboard(self.state.step)
         profiler = StepProfiler(list(t.profile_steps), self.paths.profile, self.is_logger)
         window_seconds, window_steps = 0.0, 0
         tokens_per_step = t.global_batch_size * cfg.model.seq_length
         while self.state.step < t.steps:
             profiler.step_starts(self.state.step + 1)
+            progress.phase("data", self.state.step)
             started = time.time()
             loss, grad_norm, updated = self.train_step(iterators)  # reading the loss syncs
-            window_seconds += time.time() - started
+            took = time.time() - started
+            window_seconds += took
+            progress.step_took(took)
             st = self.state
             st.step += 1
             profiler.step_ends(st.step)
@@ -343,6 +351,7 @@ class Trainer(Engine):
             if due_save or stopping:
                 self.save()
             if stopping:
+                progress.phase("save")
                 self._saved(self.saver.wait())
                 self.saver.close()
                 requeue = stop.continues(self.device)
@@ -352,6 +361,7 @@ class Trainer(Engine):
                     f"{signals or 'a signal on another rank'}: saved step {st.step}, {leaving}"
                 )
                 return Interrupted(st.step, requeue)
+        progress.phase("finish")
         self._saved(self.saver.wait())
         self.saver.close()
         self.metrics.close()
@@ -362,6 +372,7 @@ class Trainer(Engine):
     def validate(self, validation: dict[str, evalsets.Windows]) -> None:
         """The validation loss of each source and of the mixture (weighted as training samples
         them), which decides the best checkpoint."""
+        progress.phase("validate")
         st, mbs = self.state, self.cfg.train.micro_batch_size
         losses = {name: self.loss_over(w, mbs, None)[0] for name, w in validation.items()}
         st.val_loss = evalsets.mixture_loss(losses, self.cfg)
@@ -409,30 +420,3 @@ class Trainer(Engine):
             files.write_json(self.paths.train_done, result)
             write_report(self.paths)  # and summary.json; an earlier evaluation only if current
         return result
-
-
-def lr_scheduler(optimizer, t: TrainConfig):
-    """megatron-core's schedule: linear warm-up to train.lr, then train.lr_decay_style down to
-    train.min_lr at train.steps (WSD: the last tenth of the steps). On resume the config's
-    values are kept over the checkpoint's: a run continued to more train.steps follows the
-    longer schedule from the step it resumes at (every other value is the same, or the run
-    was refused; pipeline.training.steps)."""
-    from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
-
-    return OptimizerParamScheduler(
-        optimizer,
-        init_lr=0.0,
-        max_lr=t.lr,
-        min_lr=t.min_lr,
-        lr_warmup_steps=t.warmup_steps,
-        lr_decay_steps=t.steps,
-        lr_decay_style=t.lr_decay_style,
-        start_wd=t.weight_decay,
-        end_wd=t.weight_decay,
-        wd_incr_steps=t.steps,
-        wd_incr_style="constant",
-        wsd_decay_steps=max(1, t.steps // 10),
-        lr_wsd_decay_style="linear",
-        use_checkpoint_opt_param_scheduler=False,
-        override_opt_param_scheduler=True,
-    )

@@ -4,6 +4,7 @@ processes, one per task or training rank, gloo between them), one after the othe
 from __future__ import annotations
 
 import contextlib
+import json
 import sys
 import threading
 import time
@@ -26,16 +27,29 @@ from pipeline.orchestration.tasks import ArrayTask, DistributedTask
 _log = log.get("pipeline")
 
 
-def _results(step: Step, job) -> list:
-    """A local job's results; a failed job is reported in one line: its error, and its log."""
-    from submitit.core.utils import FailedJobError
+def _results(step: Step, job, failures: Path, since: float) -> list:
+    """A local job's results; a failed job is reported in one line: its error, and its log; or
+    the fault its ranks' watchdog recorded, which killed them without a traceback."""
+    from submitit.core.utils import FailedJobError, UncompletedJobError
 
     try:
         return job.results()
-    except FailedJobError as e:
+    except (FailedJobError, UncompletedJobError) as e:
         parts = str(e).split("-" * 22)  # submitit quotes the job's traceback between rules
         last = parts[1].strip().splitlines()[-1] if len(parts) > 2 else str(e).splitlines()[0]
+        last = _fault_since(failures, since) or last
         raise StageError(f"{step.name} failed: {last} (log: {job.paths.stderr})") from None
+
+
+def _fault_since(failures: Path, since: float) -> str | None:
+    """The line of the last fault recorded in train/failures.jsonl after `since`, if any."""
+    try:
+        lines = failures.read_text().splitlines()
+    except OSError:
+        return None
+    last = json.loads(lines[-1]) if lines else {}
+    at = time.mktime(time.strptime(last["time"], "%Y-%m-%dT%H:%M:%S")) if last else 0
+    return last.get("line") if at >= int(since) else None
 
 
 def _log_of_last_rank(job, ranks: int) -> Path:
@@ -109,5 +123,6 @@ class SubprocessExecutor:
             shown = _log_of_last_rank(submitted[0], needs.ranks) if len(submitted) == 1 else None
             with failures_recorded(step, cfg), _followed(shown):
                 for job in submitted:
-                    stop_if_interrupted(step, _results(step, job)[0])
+                    results = _results(step, job, paths.failures_log, started)
+                    stop_if_interrupted(step, results[0])
             _log.info(f"{step.name}: done in {time.time() - started:.1f} s")

@@ -1,0 +1,180 @@
+"""The hang watchdog: one process per node of a training job, started by the node's first rank
+(pipeline.orchestration.tasks), apart from every rank so that none can block it. Once a second
+it reads the node's ranks' progress (pipeline.runtime.progress); when one has made none for
+longer than its limit it names, in one line, the rank(s), node(s) and phase that stopped,
+has every rank of the node write its Python stack to its log, records the fault in
+train/failures.jsonl and ends the attempt (SIGKILL to the node's ranks).
+
+The limit: cluster.hang_timeout_s when set; unset, ten times the slowest step measured in
+this attempt, at least a minute, and STARTUP_BOUND_S until a step has been measured. Start-up,
+loading, validation, saving and finishing are allowed at least STARTUP_BOUND_S whatever the
+setting: they may legitimately take minutes without a step.
+
+    python -m pipeline.runtime.watchdog WORKDIR NODE PARENT_PID ATTEMPT TIMEOUT_S|auto
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+from pipeline.core import log
+from pipeline.core.paths import CHECKPOINT_TRACKER, RunPaths
+from pipeline.runtime.progress import SLOW_PHASES, STACKS_SIGNAL, Progress, read
+
+STARTUP_BOUND_S = 900.0
+DERIVED_MIN_S = 60.0
+DERIVED_STEPS = 10
+POLL_S = 1.0
+STACKS_WAIT_S = 3.0  # for every rank to have written its stack before it is killed
+
+_log = log.get("watchdog")
+
+
+def limit_s(report: Progress, timeout_s: float | None) -> float:
+    """How long `report`'s phase may last without another report."""
+    if timeout_s is None:
+        measured = report.step_s > 0
+        timeout_s = max(DERIVED_MIN_S, DERIVED_STEPS * report.step_s) if measured else None
+    if timeout_s is None or report.phase in SLOW_PHASES:
+        return max(timeout_s or 0.0, STARTUP_BOUND_S)
+    return timeout_s
+
+
+def process_state(pid: int) -> str | None:
+    """The kernel's one-letter state of `pid` (R, S, D, T...); None: gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    state = stat.rsplit(")", 1)[1].split()[0]
+    return None if state in ("Z", "X") else state
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return process_state(pid) is not None if sys.platform.startswith("linux") else True
+
+
+def stalled(reports: list[Progress], timeout_s: float | None, now: float) -> list[Progress]:
+    return [r for r in reports if now - r.at > limit_s(r, timeout_s) and alive(r.pid)]
+
+
+def first_stopped(reports: list[Progress], node: str) -> list[Progress]:
+    """The ranks that stopped: those whose process is stopped or stuck in I/O, as far as this
+    node sees; else at the lowest step, the oldest reports (within a second). The others are
+    waiting for them in a collective."""
+    stuck = [r for r in reports if r.node == node and process_state(r.pid) in ("T", "D")]
+    if stuck:
+        return stuck
+    lowest = min(r.step for r in reports)
+    behind = [r for r in reports if r.step == lowest]
+    oldest = min(r.at for r in behind)
+    return [r for r in behind if r.at - oldest <= 1.0]
+
+
+def describe(r: Progress, now: float, node: str) -> str:
+    state = process_state(r.pid) if r.node == node else None
+    how = (
+        " (process stopped)"
+        if state == "T"
+        else " (process in uninterruptible I/O)"
+        if state == "D"
+        else ""
+    )
+    return (
+        f"rank {r.rank} on {r.node} in {r.phase} of step {r.step + 1}, {now - r.at:.0f} s ago{how}"
+    )
+
+
+def checkpoint_step(checkpoints: Path) -> int:
+    try:
+        name = (checkpoints / CHECKPOINT_TRACKER).read_text().strip()
+    except OSError:
+        return 0
+    digits = "".join(ch for ch in name if ch.isdigit())
+    return int(digits) if digits else 0
+
+
+def act(
+    local: list[Progress],
+    everyone: list[Progress],
+    timeout_s: float | None,
+    paths: RunPaths,
+    attempt: int,
+) -> None:
+    now = time.time()
+    node = local[0].node
+    culprits = first_stopped(everyone or local, node)
+    waiting = [r for r in everyone if r not in culprits]
+    limit = max(limit_s(r, timeout_s) for r in culprits)
+    setting = f"cluster.hang_timeout_s={timeout_s:g}" if timeout_s is not None else "derived"
+    line = (
+        f"hang: no progress for {limit:.0f} s ({setting}): "
+        + "; ".join(describe(r, now, node) for r in culprits)
+        + (f"; {len(waiting)} other rank(s) waiting for it" if waiting else "")
+        + "; their stacks follow in each rank's log, ending the attempt"
+    )
+    _log.error(line)
+    for r in local:  # a stopped rank handles the signal once continued
+        os.kill(r.pid, STACKS_SIGNAL)
+        if process_state(r.pid) == "T":
+            os.kill(r.pid, signal.SIGCONT)
+    time.sleep(STACKS_WAIT_S)
+    if any(r.node == node for r in culprits):  # one record per fault, from its node
+        saved = checkpoint_step(paths.checkpoints)
+        step = min(r.step for r in culprits)
+        record = {
+            "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
+            "attempt": attempt,
+            "kind": "hang",
+            "ranks": [r.rank for r in culprits],
+            "nodes": sorted({r.node for r in culprits}),
+            "phase": culprits[0].phase,
+            "step": step + 1,
+            "steps_lost": max(0, step - saved),
+            "seconds_lost": round(
+                now
+                - min(r.at for r in culprits)
+                + max(0, step - saved) * max(r.step_s for r in culprits),
+                1,
+            ),
+            "action": "ended the attempt",
+            "line": line,
+        }
+        with open(paths.failures_log, "a") as f:
+            f.write(json.dumps(record) + "\n")
+    for r in local:
+        if alive(r.pid):
+            os.kill(r.pid, signal.SIGKILL)
+
+
+def watch(paths: RunPaths, node: str, parent: int, attempt: int, timeout_s: float | None) -> None:
+    # every rank rewrites its file as it starts: older reports are a previous attempt's
+    since = time.time() - 60.0
+    while alive(parent):
+        time.sleep(POLL_S)
+        everyone = [r for r in read(paths.progress) if r.at >= since]
+        local = [r for r in everyone if r.node == node and alive(r.pid)]
+        if local and stalled(local, timeout_s, time.time()):
+            act(local, everyone, timeout_s, paths, attempt)
+            return
+
+
+def main(argv: list[str]) -> None:
+    workdir, node, parent, attempt, timeout = argv
+    fixed = None if timeout == "auto" else float(timeout)
+    watch(RunPaths.of(workdir), node, int(parent), int(attempt), fixed)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
