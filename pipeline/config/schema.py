@@ -342,6 +342,11 @@ class ClusterConfig:
         "step (60 s at least, 900 s before the first step and in loads and saves); 0: off",
         bound=NOT_NEGATIVE,
     )
+    max_restarts: int = command(
+        3,
+        "times a training job requeues itself, without the nodes at fault, after a hang",
+        bound=NOT_NEGATIVE,
+    )
 
 
 @dataclass

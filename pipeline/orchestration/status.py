@@ -10,6 +10,7 @@ from pipeline.core import files, lock
 from pipeline.core.paths import RunPaths
 from pipeline.orchestration import graph, reruns
 from pipeline.orchestration.slurm_queue import FAILED, latest_submission, slurm_states
+from pipeline.reporting.summary import read_failures
 from pipeline.runtime import placement
 
 STATES = {
@@ -38,7 +39,10 @@ def describe(cfg: PipelineConfig) -> list[tuple[str, str, str]]:
         ids = latest.get(step.name, [])
         failure = files.read_json_or_none(paths.failure(step.name))
         if verdict.state == "complete":
-            rows.append((step.name, "COMPLETE", "marker present, made from these settings"))
+            done = "marker present, made from these settings"
+            rows.append(
+                (step.name, "COMPLETE", done + (_faults(paths) if step.name == "train" else ""))
+            )
             continue
         if live and not ids:  # run by that launcher: the first step it has not completed
             if running is None:
@@ -74,6 +78,8 @@ def describe(cfg: PipelineConfig) -> list[tuple[str, str, str]]:
             detail += f" (waits on {failed_before}, which failed)"
         if step.name == "train" and "RUNNING" in names:
             detail += _where_training_runs(paths)
+        if step.name == "train":
+            detail += _faults(paths)
         rows.append((step.name, "/".join(names), detail))
     return rows
 
@@ -92,6 +98,20 @@ def _where_training_runs(paths: RunPaths) -> str:
         return ""
     attempt = record["attempts"][-1]
     return f"; {placement.describe(attempt['ranks'])}, from step {attempt['from_step']}"
+
+
+def _faults(paths: RunPaths) -> str:
+    """'; 1 fault: hang of rank 1 on n2 at step 16, 23 s lost, requeued without n2'."""
+    faults = read_failures(paths)
+    if not faults:
+        return ""
+    last = faults[-1]
+    lost = sum(r["seconds_lost"] for r in faults)
+    ranks = ",".join(map(str, last["ranks"]))
+    return (
+        f"; {len(faults)} fault(s), {lost:.0f} s lost; last: {last['kind']} of rank {ranks} on "
+        f"{','.join(last['nodes'])} at step {last['step']}, {last['action']}"
+    )
 
 
 def is_failed(state: str) -> bool:

@@ -108,6 +108,7 @@ def watched(cfg: PipelineConfig) -> None:
             str(os.getpid()),
             attempt,
             "auto" if timeout is None else str(timeout),
+            str(cfg.cluster.max_restarts),
         ],
         stdin=subprocess.DEVNULL,
         start_new_session=True,  # a Ctrl-C to the job's group is the ranks' to handle

@@ -15,6 +15,7 @@ from pipeline.reporting.summary import (
     SUMMARY_FROM_TRAIN,
     Metrics,
     current_evaluation,
+    read_failures,
     read_metrics,
     write_summary,
 )
@@ -162,6 +163,38 @@ def _checkpoints_section(metrics: Metrics) -> list[tuple]:
     return blocks
 
 
+def _faults_section(paths: RunPaths) -> list[tuple]:
+    """Each fault that ended a training attempt, what it cost and what was done about it."""
+    rows = [
+        (
+            r["time"],
+            r["attempt"],
+            r["kind"],
+            ", ".join(map(str, r["ranks"])),
+            ", ".join(r["nodes"]),
+            r["step"],
+            r["steps_lost"],
+            _seconds(r["seconds_lost"]),
+            r["action"],
+        )
+        for r in read_failures(paths)
+    ]
+    if not rows:
+        return []
+    header = (
+        "time",
+        "attempt",
+        "kind",
+        "ranks",
+        "nodes",
+        "step",
+        "steps lost",
+        "time lost",
+        "action",
+    )
+    return [("h3", "Faults"), ("table", header, rows)]
+
+
 def _results_section(paths: RunPaths, evaluation: dict) -> list[tuple]:
     if not evaluation and paths.eval_done.exists():
         why = "the evaluation in eval/ is of an earlier training: rerun with stages=[evaluate]"
@@ -297,6 +330,7 @@ def report_blocks(paths: RunPaths, evaluation: dict) -> list[tuple]:
     return [
         *_data_section(manifest, weights),
         *_training_section(paths, summary, metrics),
+        *_faults_section(paths),
         *_results_section(paths, evaluation),
         *_samples_section(evaluation),
         *_jobs_section(paths, evaluation, metrics),

@@ -54,6 +54,13 @@ def read_metrics(paths: RunPaths) -> Metrics:
     )
 
 
+def read_failures(paths: RunPaths) -> list[dict]:
+    """train/failures.jsonl: each fault a training attempt ended with, oldest first."""
+    if not paths.failures_log.exists():
+        return []
+    return [json.loads(line) for line in paths.failures_log.read_text().splitlines() if line]
+
+
 def current_evaluation(paths: RunPaths) -> dict:
     """eval/DONE.json if it evaluated the training train/DONE.json records, else {}: after a
     training went on, its earlier evaluation describes another model."""
@@ -79,6 +86,9 @@ def write_summary(paths: RunPaths, evaluation: dict | None = None) -> dict:
     train = files.read_json_or_none(paths.train_done) or {}
     summary.update({k: train[k] for k in SUMMARY_FROM_TRAIN if k in train})
     summary["resumes"] = len(read_metrics(paths).resumes)
+    failures = read_failures(paths)
+    summary["restarts"] = sum(r["action"].startswith("requeued") for r in failures)
+    summary["lost_seconds"] = round(sum(r["seconds_lost"] for r in failures), 1)
     if evaluation is None:
         evaluation = current_evaluation(paths)
     summary.update({k: evaluation[k] for k in SUMMARY_FROM_EVAL if k in evaluation})

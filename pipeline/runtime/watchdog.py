@@ -2,20 +2,19 @@
 (pipeline.orchestration.tasks), apart from every rank so that none can block it. Once a second
 it reads the node's ranks' progress (pipeline.runtime.progress); when one has made none for
 longer than its limit it names, in one line, the rank(s), node(s) and phase that stopped,
-has every rank of the node write its Python stack to its log, records the fault in
-train/failures.jsonl and ends the attempt (SIGKILL to the node's ranks).
+has every rank of the node write its Python stack to its log, records the fault and acts on
+it (pipeline.runtime.fault_actions), and ends the attempt (SIGKILL to the node's ranks).
 
 The limit: cluster.hang_timeout_s when set; unset, ten times the slowest step measured in
 this attempt, at least a minute, and STARTUP_BOUND_S until a step has been measured. Start-up,
 loading, validation, saving and finishing are allowed at least STARTUP_BOUND_S whatever the
 setting: they may legitimately take minutes without a step.
 
-    python -m pipeline.runtime.watchdog WORKDIR NODE PARENT_PID ATTEMPT TIMEOUT_S|auto
+    python -m pipeline.runtime.watchdog WORKDIR NODE PARENT_PID ATTEMPT TIMEOUT_S|auto MAX_RESTARTS
 """
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import sys
@@ -24,12 +23,14 @@ from pathlib import Path
 
 from pipeline.core import log
 from pipeline.core.paths import CHECKPOINT_TRACKER, RunPaths
+from pipeline.runtime import fault_actions
 from pipeline.runtime.progress import SLOW_PHASES, STACKS_SIGNAL, Progress, read
 
 STARTUP_BOUND_S = 900.0
 DERIVED_MIN_S = 60.0
 DERIVED_STEPS = 10
 POLL_S = 1.0
+GRACE_S = 5.0  # for the node that sees the stopped rank to record the fault first
 STACKS_WAIT_S = 3.0  # for every rank to have written its stack before it is killed
 
 _log = log.get("watchdog")
@@ -105,15 +106,42 @@ def checkpoint_step(checkpoints: Path) -> int:
     return int(digits) if digits else 0
 
 
+def dump_stacks(local: list[Progress]) -> None:
+    """Every local rank writes its stack to its log; a stopped one is let run for the dump,
+    then stopped again, so that it makes no progress meanwhile."""
+    stopped = [r for r in local if process_state(r.pid) == "T"]
+    for r in local:
+        os.kill(r.pid, STACKS_SIGNAL)
+    for r in stopped:
+        os.kill(r.pid, signal.SIGCONT)
+    time.sleep(0.2)
+    for r in stopped:
+        os.kill(r.pid, signal.SIGSTOP)
+    time.sleep(STACKS_WAIT_S)
+
+
 def act(
     local: list[Progress],
     everyone: list[Progress],
     timeout_s: float | None,
     paths: RunPaths,
     attempt: int,
+    max_restarts: int,
 ) -> None:
-    now = time.time()
+    """Name the ranks that stopped, dump the stacks, record and act, end the node's ranks. A
+    node that sees one of its ranks stopped or stuck in I/O acts at once; the others wait a
+    little for such a node's record, and only end their own ranks if one came."""
     node = local[0].node
+    since = min(r.at for r in local)
+    evidence = first_stopped(local, node)
+    if not any(process_state(r.pid) in ("T", "D") for r in evidence):
+        time.sleep(GRACE_S)
+        if fault_actions.recorded_since(paths.failures_log, attempt, since):
+            _log.error(f"hang: ranks on {node} waited for another node's; ending them")
+            dump_stacks(local)
+            end(local)
+            return
+    now = time.time()
     culprits = first_stopped(everyone or local, node)
     waiting = [r for r in everyone if r not in culprits]
     limit = max(limit_s(r, timeout_s) for r in culprits)
@@ -125,40 +153,40 @@ def act(
         + "; their stacks follow in each rank's log, ending the attempt"
     )
     _log.error(line)
-    for r in local:  # a stopped rank handles the signal once continued
-        os.kill(r.pid, STACKS_SIGNAL)
-        if process_state(r.pid) == "T":
-            os.kill(r.pid, signal.SIGCONT)
-    time.sleep(STACKS_WAIT_S)
-    if any(r.node == node for r in culprits):  # one record per fault, from its node
-        saved = checkpoint_step(paths.checkpoints)
-        step = min(r.step for r in culprits)
-        record = {
-            "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
-            "attempt": attempt,
-            "kind": "hang",
-            "ranks": [r.rank for r in culprits],
-            "nodes": sorted({r.node for r in culprits}),
-            "phase": culprits[0].phase,
-            "step": step + 1,
-            "steps_lost": max(0, step - saved),
-            "seconds_lost": round(
-                now
-                - min(r.at for r in culprits)
-                + max(0, step - saved) * max(r.step_s for r in culprits),
-                1,
-            ),
-            "action": "ended the attempt",
-            "line": line,
-        }
-        with open(paths.failures_log, "a") as f:
-            f.write(json.dumps(record) + "\n")
+    step = min(r.step for r in culprits)
+    lost = max(0, step - checkpoint_step(paths.checkpoints))
+    computed = lost * max(r.step_s for r in culprits)  # the steps to do again
+    record = {
+        "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        "attempt": attempt,
+        "kind": "hang",
+        "ranks": [r.rank for r in culprits],
+        "nodes": sorted({r.node for r in culprits}),
+        "phase": culprits[0].phase,
+        "step": step + 1,
+        "steps_lost": lost,
+        "seconds_lost": round(now - min(r.at for r in culprits) + computed, 1),
+        "line": line,
+    }
+    dump_stacks(local)
+    fault_actions.handle(paths.failures_log, record, max_restarts)
+    end(local)
+
+
+def end(local: list[Progress]) -> None:
     for r in local:
         if alive(r.pid):
             os.kill(r.pid, signal.SIGKILL)
 
 
-def watch(paths: RunPaths, node: str, parent: int, attempt: int, timeout_s: float | None) -> None:
+def watch(
+    paths: RunPaths,
+    node: str,
+    parent: int,
+    attempt: int,
+    timeout_s: float | None,
+    max_restarts: int,
+) -> None:
     # every rank rewrites its file as it starts: older reports are a previous attempt's
     since = time.time() - 60.0
     while alive(parent):
@@ -166,14 +194,16 @@ def watch(paths: RunPaths, node: str, parent: int, attempt: int, timeout_s: floa
         everyone = [r for r in read(paths.progress) if r.at >= since]
         local = [r for r in everyone if r.node == node and alive(r.pid)]
         if local and stalled(local, timeout_s, time.time()):
-            act(local, everyone, timeout_s, paths, attempt)
+            act(local, everyone, timeout_s, paths, attempt, max_restarts)
             return
 
 
 def main(argv: list[str]) -> None:
-    workdir, node, parent, attempt, timeout = argv
+    workdir, node, parent, attempt, timeout, max_restarts = argv
     fixed = None if timeout == "auto" else float(timeout)
-    watch(RunPaths.of(workdir), node, int(parent), int(attempt), fixed)
+    # Slurm's requeue of this job ends its processes: this one finishes acting first
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    watch(RunPaths.of(workdir), node, int(parent), int(attempt), fixed, int(max_restarts))
 
 
 if __name__ == "__main__":

@@ -1,0 +1,73 @@
+"""A hung rank on a real 3-node Slurm cluster: a rank of a 2-node training job frozen with
+SIGSTOP mid-training is found by its node's watchdog within cluster.hang_timeout_s + 30 s,
+every rank's stack is in the job's log, and the job requeues itself without that node; the
+run resumes from its newest checkpoint on the other two and ends with the loss curve of a run
+that never hung."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+
+from pipeline.core.paths import RunPaths
+from pipeline.runtime import progress
+from tests.conftest import SMALL_SERIAL, cli, copy_tokenized
+from tests.slurm.test_multinode import BATCH, assert_same_curve, losses, wait_until
+from tests.slurm.test_pipeline_on_slurm import pipeline, wait_for
+
+HANG_TIMEOUT_S = 10
+TWO_NODES = ["cluster=slurm", "cluster.nodes=2", "cluster.tasks_per_node=1"]
+STEPS = ["train.steps=60", "train.save_interval=10", "train.log_interval=1"]
+
+
+def test_a_frozen_rank_is_named_and_the_job_resumes_without_its_node(
+    slurm_cluster, tokenized, tmp_path
+):
+    workdir = copy_tokenized(tokenized, tmp_path / "run")
+    paths = RunPaths.of(workdir)
+    pipeline(
+        f"workdir={workdir}",
+        *SMALL_SERIAL,
+        *BATCH,
+        *TWO_NODES,
+        *STEPS,
+        "cluster.cpus_per_task=1",
+        f"cluster.hang_timeout_s={HANG_TIMEOUT_S}",
+    )
+
+    def rank_1_past_a_checkpoint() -> progress.Progress | None:
+        reports = {r.rank: r for r in progress.read(paths.progress)}
+        saved = (paths.checkpoints / "iter_0000010" / "COMPLETE.json").exists()
+        return reports.get(1) if saved and reports.get(1) and reports[1].step >= 15 else None
+
+    assert wait_until(lambda: rank_1_past_a_checkpoint() is not None, 600)
+    frozen = rank_1_past_a_checkpoint()
+    os.kill(frozen.pid, signal.SIGSTOP)  # every node is this machine
+    stopped_at = time.time()
+    assert wait_until(paths.failures_log.exists, HANG_TIMEOUT_S + 30)
+    assert time.time() - stopped_at < HANG_TIMEOUT_S + 30
+    states = wait_for(workdir, 600)
+    assert states["train"][0]["state"] == "COMPLETED", states
+
+    (record,) = [json.loads(line) for line in paths.failures_log.read_text().splitlines()]
+    assert record["kind"] == "hang" and record["ranks"] == [1]
+    assert record["nodes"] == [frozen.node] and record["steps_lost"] >= 5
+    assert record["action"] == f"requeued without {frozen.node}"
+    assert "(process stopped)" in record["line"]
+    [job] = json.loads((workdir / "jobs.json").read_text())[-1]["jobs"]["train"]
+    logs = "".join(
+        p.read_text() for p in (workdir / "logs" / "jobs" / "train" / job).glob("*_log.*")
+    )
+    assert f"hang: no progress for {HANG_TIMEOUT_S} s" in logs
+    assert logs.count("most recent call first") >= 2  # both ranks' stacks
+    first, second = json.loads(paths.ranks.read_text())["attempts"]
+    assert frozen.node in {r["node"] for r in first["ranks"]}
+    assert frozen.node not in {r["node"] for r in second["ranks"]}
+    assert second["from_step"] >= 10
+
+    uninterrupted = copy_tokenized(tokenized, tmp_path / "uninterrupted")
+    result = cli(f"workdir={uninterrupted}", *SMALL_SERIAL, *BATCH, *STEPS)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert_same_curve(losses(workdir), losses(uninterrupted))
