@@ -91,3 +91,11 @@ def test_a_rank_frozen_mid_training_is_named_with_every_stack_within_the_timeout
     assert record["kind"] == "hang" and record["ranks"] == [1]
     assert record["step"] >= 4 and record["action"] == "ended the attempt"
     assert record["seconds_lost"] >= HANG_TIMEOUT_S
+    status = subprocess.run(
+        [sys.executable, "-m", "pipeline.status", f"workdir={workdir}"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert "FAILED" in status.stdout and "rank 1 on" in status.stdout, status.stdout

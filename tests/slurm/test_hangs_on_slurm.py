@@ -67,6 +67,12 @@ def test_a_frozen_rank_is_named_and_the_job_resumes_without_its_node(
     assert frozen.node not in {r["node"] for r in second["ranks"]}
     assert second["from_step"] >= 10
 
+    summary = json.loads(paths.summary.read_text())
+    assert summary["restarts"] == 1 and summary["lost_seconds"] == record["seconds_lost"]
+    assert f"| hang | 1 | {frozen.node} |" in (workdir / "report.md").read_text()
+    status = pipeline(f"workdir={workdir}", module="pipeline.status", check=False)
+    assert "1 fault(s)" in status.stdout and f"hang of rank 1 on {frozen.node}" in status.stdout
+
     uninterrupted = copy_tokenized(tokenized, tmp_path / "uninterrupted")
     result = cli(f"workdir={uninterrupted}", *SMALL_SERIAL, *BATCH, *STEPS)
     assert result.returncode == 0, result.stderr[-3000:]
