@@ -228,6 +228,12 @@ class TrainConfig:
     eval_iters: int | None = key(None, NOT_SETTING, "before eval_samples: micro-batches per rank")
     save_interval: int = key(200, CONTINUE, "steps between checkpoints; 0: none", common=True)
     keep_last: int = key(2, CONTINUE, "checkpoints kept besides the best one")
+    max_failed_saves: int = key(
+        3,
+        NOT_SETTING,
+        "saves in a row that may fail for space, skipped, before the run stops",
+        bound=AT_LEAST_ONE,
+    )
     # training waits only for the copy to host memory, which holds one more copy of the shard
     async_save: bool = key(True, NOT_SETTING, "write checkpoints in the background", common=True)
     # the state is gathered and reshaped on the host at each save (a minute at 1.3B); false

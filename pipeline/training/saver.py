@@ -6,6 +6,10 @@ latest.txt, best.json) at the first step boundary after every rank's writer is d
 one save is in flight: the next waits for it, as do the end of the run and a stop for a
 signal. A kill while one is in flight leaves its `.partial` folder, which is never loaded: the
 run resumes from the checkpoint before it.
+
+A save that runs out of space on every rank is skipped with a warning and training goes on:
+the next interval tries again, and train.max_failed_saves in a row stop the run. The last save
+of the run, or of a stop, is never skipped: nothing would come after it.
 """
 
 from __future__ import annotations
@@ -19,7 +23,9 @@ from typing import Any
 
 import torch
 
-from pipeline.core import files
+from pipeline.core import files, log
+from pipeline.core.errors import OutOfSpace
+from pipeline.runtime import distributed
 from pipeline.runtime.device import cuda_calls_on_cpu
 from pipeline.training import checkpoint
 from pipeline.training.host_staging import HostStaging
@@ -45,8 +51,11 @@ class CheckpointSaver:
     rank makes the same calls at the same steps. Each finished save is reported as a record
     for metrics.jsonl: the step, how long training was blocked, how long the save took."""
 
-    def __init__(self, root: Path, backend, keep_last: int, asynchronous: bool) -> None:
+    def __init__(
+        self, root: Path, backend, keep_last: int, asynchronous: bool, max_failed: int
+    ) -> None:
         self.root, self.backend, self.keep_last = root, backend, keep_last
+        self.max_failed, self.failed_in_a_row = max_failed, 0
         self.on_cpu = backend.device.type == "cpu"
         self.queue = None
         if asynchronous:
@@ -69,10 +78,21 @@ class CheckpointSaver:
         # megatron-core's scheduling waits for CUDA copies and reduces a flag on the CUDA device
         return cuda_calls_on_cpu() if self.on_cpu else contextlib.nullcontext()
 
-    def save(self, step: int, state: dict, chunks, optimizer) -> dict | None:
+    def save(self, step: int, state: dict, chunks, optimizer, last: bool = False) -> dict | None:
         """Start a save of `step` (complete it now unless asynchronous). Returns the record of
-        a save that finished meanwhile: the one before, waited for, or this one."""
+        a save that finished meanwhile: the one before, waited for, or this one. `last`: the
+        run's last save, never skipped."""
         done = self.wait()  # at most one in flight
+        error = None
+        try:
+            record = self._start(step, state, chunks, optimizer)
+        except OutOfSpace as e:
+            error, record = e, None
+        if self._failed_everywhere(error):
+            return self._skipped(error, step, last) or done
+        return self._succeeded(record) or done
+
+    def _start(self, step: int, state: dict, chunks, optimizer) -> dict | None:
         started = time.perf_counter()
         if self.queue is None:  # not asynchronous
             checkpoint.save(self.root, step, state, self.backend, chunks, optimizer, self.keep_last)
@@ -98,24 +118,34 @@ class CheckpointSaver:
             raise
         blocked = time.perf_counter() - started
         self.in_flight = _InFlight(step, partial_folder, state, started, blocked)
-        return done
+        return None
 
     def poll(self) -> dict | None:
         """At a step boundary: complete the save in flight if every rank's writer is done."""
         return self._finish(blocking=False) if self.in_flight else None
 
-    def wait(self) -> dict | None:
-        """Complete the save in flight, waiting for its writers (the end of the run, a stop)."""
-        return self._finish(blocking=True) if self.in_flight else None
+    def wait(self, last: bool = False) -> dict | None:
+        """Complete the save in flight, waiting for its writers (the next save; `last`: the end
+        of the run, a stop)."""
+        return self._finish(blocking=True, last=last) if self.in_flight else None
 
-    def _finish(self, blocking: bool) -> dict | None:
+    def _finish(self, blocking: bool, last: bool = False) -> dict | None:
         flight = self.in_flight
         waited = time.perf_counter()
+        error = None
+        try:  # megatron-core's finalize agrees across ranks on whether the writers are done
+            space = files.reporting_space(f"checkpoint {flight.partial}", probe=flight.partial)
+            with space, self._cuda_calls():
+                if not self.queue.maybe_finalize_async_calls(blocking=blocking):
+                    return None
+        except OutOfSpace as e:
+            error = e
+        if self._failed_everywhere(error):
+            self.in_flight = None
+            checkpoint.abandon(flight.partial)
+            return self._skipped(error, flight.step, last)
         try:
             with files.reporting_space(f"checkpoint {flight.partial}", probe=flight.partial):
-                with self._cuda_calls():
-                    if not self.queue.maybe_finalize_async_calls(blocking=blocking):
-                        return None
                 checkpoint.complete(
                     self.root, flight.partial, flight.step, flight.state, self.keep_last
                 )
@@ -125,7 +155,34 @@ class CheckpointSaver:
             raise
         self.in_flight = None
         blocked = flight.blocked_s + time.perf_counter() - waited
-        return _record(flight.step, blocked_s=blocked, total_s=time.perf_counter() - flight.started)
+        total = time.perf_counter() - flight.started
+        return self._succeeded(_record(flight.step, blocked_s=blocked, total_s=total))
+
+    def _failed_everywhere(self, error: OutOfSpace | None) -> bool:
+        """Collective: whether the save failed for space on every rank (then it is skipped); on
+        some ranks only, it stops the run as before (the ranks hold different saves)."""
+        device = self.backend.device
+        if not distributed.any_rank(error is not None, device):
+            return False
+        if distributed.any_rank(error is None, device):
+            raise error or OutOfSpace("a checkpoint save ran out of space on another rank")
+        return True
+
+    def _skipped(self, error: OutOfSpace, step: int, last: bool) -> None:
+        self.failed_in_a_row += 1
+        n, most = self.failed_in_a_row, self.max_failed
+        if last or n >= most:
+            why = "the run's last save" if last else f"train.max_failed_saves={most} in a row"
+            raise OutOfSpace(f"{error} ({why})")
+        log.get().warning(
+            f"warning: {error}; the save of step {step} is skipped, training goes on and the "
+            f"next save tries again ({n} in a row, train.max_failed_saves={most})"
+        )
+
+    def _succeeded(self, record: dict | None) -> dict | None:
+        if record is not None:
+            self.failed_in_a_row = 0
+        return record
 
 
 def _record(step: int, blocked_s: float, total_s: float) -> dict[str, Any]:

@@ -91,8 +91,9 @@ class Trainer(Engine):
         self.optimizer = self.backend.optimizer(self.chunks, cfg)
         self.scheduler = lr_scheduler(self.optimizer, cfg.train)
         self.metrics = MetricsLog(self.paths, self.is_logger)
+        t = cfg.train
         self.saver = CheckpointSaver(
-            self.paths.checkpoints, self.backend, cfg.train.keep_last, cfg.train.async_save
+            self.paths.checkpoints, self.backend, t.keep_last, t.async_save, t.max_failed_saves
         )
         self.throughput = self._throughput()
         self.state = RunState()
@@ -223,8 +224,9 @@ class Trainer(Engine):
         self.state.wall_seconds += now - self._clock
         self._clock = now
 
-    def save(self) -> None:
-        """Start a checkpoint of this step (in the background unless train.async_save=false)."""
+    def save(self, last: bool = False) -> None:
+        """Start a checkpoint of this step (in the background unless train.async_save=false);
+        `last`: the run's last save, never skipped for lack of space."""
         progress.phase("save")
         self._tick()
         sync = getattr(self.optimizer, "sync_params", None)
@@ -238,7 +240,7 @@ class Trainer(Engine):
             "made_from": self.made_from,
             "run": dict(vars(self.state)),  # as it is now: training goes on while it is written
         }
-        self._saved(self.saver.save(self.state.step, state, self.chunks, self.optimizer))
+        self._saved(self.saver.save(self.state.step, state, self.chunks, self.optimizer, last))
 
     def _saved(self, record: dict | None) -> None:
         """A checkpoint that is now complete: its times into the metrics and the log."""
@@ -349,10 +351,10 @@ class Trainer(Engine):
                 self.validate(validation)
             stopping = stop.agreed(self.device)
             if due_save or stopping:
-                self.save()
+                self.save(last=stopping or st.step == t.steps)
             if stopping:
                 progress.phase("save")
-                self._saved(self.saver.wait())
+                self._saved(self.saver.wait(last=True))
                 self.saver.close()
                 requeue = stop.continues(self.device)
                 signals = ", ".join(signal.Signals(s).name for s in sorted(stop.received))
@@ -362,7 +364,7 @@ class Trainer(Engine):
                 )
                 return Interrupted(st.step, requeue)
         progress.phase("finish")
-        self._saved(self.saver.wait())
+        self._saved(self.saver.wait(last=True))
         self.saver.close()
         self.metrics.close()
         result = self._finish()

@@ -5,6 +5,7 @@ finishes once the limit is lifted."""
 
 from __future__ import annotations
 
+import re
 import resource
 import signal
 import subprocess
@@ -74,6 +75,46 @@ def test_disk_full_during_a_checkpoint_save_keeps_the_earlier_ones(tokenized, tm
     assert rerun.returncode == 0, rerun.stderr[-3000:]
     assert f"resumed from {kept} at step" in rerun.stderr
     assert files.read_json(workdir / "train" / "DONE.json")["train_steps"] == 100
+
+
+def test_a_save_onto_a_full_disk_is_skipped_and_the_next_succeeds_once_there_is_space(
+    tokenized, tmp_path
+):
+    workdir = copy_tokenized(tokenized, tmp_path / "run")
+    steps = ["train.steps=300", "train.save_interval=20", "train.max_failed_saves=5"]
+    command = [f"workdir={workdir}", *SMALL_SERIAL, "stages=[train]", *steps]
+    root = RunPaths.of(workdir).checkpoints
+    with open(tmp_path / "stderr", "w+") as stderr:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "pipeline", "cluster=local", *command],
+            cwd=ROOT,
+            stdout=subprocess.DEVNULL,
+            stderr=stderr,
+            preexec_fn=ignore_sigxfsz,
+        )
+        deadline = time.time() + 300
+        while proc.poll() is None and not (root / checkpoint.TRACKER).exists():
+            assert time.time() < deadline
+            time.sleep(0.005)
+        resource.prlimit(proc.pid, resource.RLIMIT_FSIZE, (1_000_000, resource.RLIM_INFINITY))
+        while proc.poll() is None and "is skipped" not in Path(stderr.name).read_text():
+            assert time.time() < deadline
+            time.sleep(0.005)
+        # space again
+        resource.prlimit(proc.pid, resource.RLIMIT_FSIZE, (resource.RLIM_INFINITY,) * 2)
+        assert proc.wait(timeout=300) == 0
+        stderr.seek(0)
+        log = stderr.read()
+    warnings = [line for line in log.splitlines() if "is skipped" in line]
+    assert 1 <= len(warnings) < 5 and "Traceback" not in log
+    assert warnings[0].startswith("warning: no space left writing checkpoint "), warnings[0]
+    assert "training goes on and the next save tries again (1 in a row" in warnings[0]
+    skipped = [int(re.search(r"the save of step (\d+)", w).group(1)) for w in warnings]
+    assert not any((root / checkpoint.folder_name(s)).exists() for s in skipped)
+    assert not list(root.glob("iter_*.partial"))
+    assert (root / checkpoint.TRACKER).read_text().strip() == checkpoint.folder_name(300)
+    assert checkpoint.is_valid(root / checkpoint.folder_name(300))
+    assert files.read_json(workdir / "train" / "DONE.json")["train_steps"] == 300
 
 
 def test_disk_full_during_a_shard_write_then_the_rerun_completes(tokenized, tmp_path):
