@@ -3,15 +3,22 @@
 off (cluster.hang_timeout_s=0), in alternating rounds; tokens/s from each run's DONE.json
 (time in training steps only).
 
-    python tools/bench_watchdog.py --workdir /tmp/bench_watchdog --rounds 5 --steps 300
+    python tools/bench_watchdog.py --workdir /tmp/bench_watchdog --rounds 5 --steps 300 \
+        [--baseline-root /tmp/base]
 
-Prints each run's tokens/s, the medians and on/off.
+--baseline-root: "off" is the pipeline at that folder (a checkout from before the watchdog,
+progress reports and straggler timing existed) instead of this one with the watchdog off.
+
+Prints each run's tokens/s, the medians and on/off; and, steadier than runs on a shared
+machine, the cost of one progress report (the only work the watchdog adds to a step) times
+the reports a step makes, against the measured step time.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -37,10 +44,11 @@ MODEL = [
 SETTINGS = {"off": ["cluster.hang_timeout_s=0"], "on": []}
 
 
-def pipeline(*args: str) -> None:
+def pipeline(*args: str, root: Path = ROOT) -> None:
     done = subprocess.run(
         [sys.executable, "-m", "pipeline", "cluster=local", "-q", *args],
-        cwd=ROOT,
+        cwd=root,
+        env={**os.environ, "PYTHONPATH": str(root)},
         capture_output=True,
         text=True,
     )
@@ -48,11 +56,27 @@ def pipeline(*args: str) -> None:
         raise SystemExit(done.stderr[-3000:])
 
 
+def report_cost_s(calls: int = 100_000) -> float:
+    """Seconds per progress report, measured on a real report file."""
+    import tempfile
+
+    sys.path.insert(0, str(ROOT))
+    from pipeline.runtime.progress import Reporter
+
+    with tempfile.TemporaryDirectory() as folder:
+        reporter = Reporter(Path(folder), 0)
+        started = time.perf_counter()
+        for i in range(calls):
+            reporter.phase("forward-backward", i)
+        return (time.perf_counter() - started) / calls
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workdir", type=Path, required=True)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--steps", type=int, default=300)
+    parser.add_argument("--baseline-root", type=Path, default=None)
     args = parser.parse_args()
     data = args.workdir / "data_run"
     if not (data / "data").exists():
@@ -71,7 +95,8 @@ def main() -> None:
                 "train.save_interval=0",
                 "cluster.executor=subprocess",
                 "cluster.tasks_per_node=2",
-                *overrides,
+                *(overrides if args.baseline_root is None or name == "on" else []),
+                root=args.baseline_root if args.baseline_root and name == "off" else ROOT,
             )
             done = json.loads((workdir / "train" / "DONE.json").read_text())
             measured[name].append(done["tokens_per_s"])
@@ -82,6 +107,14 @@ def main() -> None:
             f"{name}: median {medians[name]:.1f} tokens/s ({' '.join(f'{v:.1f}' for v in values)})"
         )
     print(f"on/off: {medians['on'] / medians['off']:.4f}")
+    micro_batches = 16 // 4 // 2  # global / micro / data-parallel ranks
+    reports = 2 * micro_batches + 2  # data and forward-backward each, then data, optimizer
+    step_s = 16 * 128 / medians["off"]
+    cost = report_cost_s()
+    print(
+        f"one report {cost * 1e6:.2f} us; {reports} a step: {reports * cost * 1e6:.1f} us of a "
+        f"{step_s * 1e3:.1f} ms step ({reports * cost / step_s:.4%})"
+    )
 
 
 if __name__ == "__main__":

@@ -348,6 +348,11 @@ class ClusterConfig:
         "step (60 s at least, 900 s before the first step and in loads and saves); 0: off",
         bound=NOT_NEGATIVE,
     )
+    straggler_threshold: float = command(
+        0.1,
+        "a rank whose own work per step exceeds the median's by this share is named",
+        bound=POSITIVE,
+    )
     max_restarts: int = command(
         3,
         "times a training job requeues itself, without the nodes at fault, after a hang",

@@ -10,7 +10,7 @@ from pipeline.core import files, lock
 from pipeline.core.paths import RunPaths
 from pipeline.orchestration import graph, reruns
 from pipeline.orchestration.slurm_queue import FAILED, latest_submission, slurm_states
-from pipeline.reporting.summary import read_failures
+from pipeline.reporting.summary import read_failures, read_stragglers
 from pipeline.runtime import placement
 
 STATES = {
@@ -101,16 +101,19 @@ def _where_training_runs(paths: RunPaths) -> str:
 
 
 def _faults(paths: RunPaths) -> str:
-    """'; 1 fault: hang of rank 1 on n2 at step 16, 23 s lost, requeued without n2'."""
+    """'; 1 fault(s), 23 s lost; last: hang of rank 1 on n2 at step 16, requeued without n2;
+    stragglers: rank 3 on n2' (train/failures.jsonl, train/metrics.jsonl)."""
+    slow = {f"rank {s['rank']} on {s['node']}" for s in read_stragglers(paths)}
+    named = f"; stragglers: {', '.join(sorted(slow))}" if slow else ""
     faults = read_failures(paths)
     if not faults:
-        return ""
+        return named
     last = faults[-1]
     lost = sum(r["seconds_lost"] for r in faults)
     ranks = ",".join(map(str, last["ranks"]))
     return (
         f"; {len(faults)} fault(s), {lost:.0f} s lost; last: {last['kind']} of rank {ranks} on "
-        f"{','.join(last['nodes'])} at step {last['step']}, {last['action']}"
+        f"{','.join(last['nodes'])} at step {last['step']}, {last['action']}{named}"
     )
 
 

@@ -78,7 +78,7 @@ class DistributedTask:
 # recorder), written to train/ on a timeout: which rank was missing from which collective
 NCCL_DEFAULTS = {
     "TORCH_NCCL_ASYNC_ERROR_HANDLING": "3",
-    "TORCH_NCCL_TRACE_BUFFER_SIZE": "2000",
+    "TORCH_FR_BUFFER_SIZE": "2000",
     "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
 }
 

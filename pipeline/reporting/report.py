@@ -17,6 +17,7 @@ from pipeline.reporting.summary import (
     current_evaluation,
     read_failures,
     read_metrics,
+    read_stragglers,
     write_summary,
 )
 
@@ -195,6 +196,20 @@ def _faults_section(paths: RunPaths) -> list[tuple]:
     return [("h3", "Faults"), ("table", header, rows)]
 
 
+def _stragglers_section(paths: RunPaths) -> list[tuple]:
+    rows = [(s["step"], s["rank"], s["node"], f"{s['ratio']:.2f}x") for s in read_stragglers(paths)]
+    if not rows:
+        return []
+    return [
+        ("h3", "Stragglers"),
+        (
+            "p",
+            "Ranks whose own work per step exceeded the median rank's for several log intervals:",
+        ),
+        ("table", ("step", "rank", "node", "own work / median"), rows),
+    ]
+
+
 def _results_section(paths: RunPaths, evaluation: dict) -> list[tuple]:
     if not evaluation and paths.eval_done.exists():
         why = "the evaluation in eval/ is of an earlier training: rerun with stages=[evaluate]"
@@ -331,6 +346,7 @@ def report_blocks(paths: RunPaths, evaluation: dict) -> list[tuple]:
         *_data_section(manifest, weights),
         *_training_section(paths, summary, metrics),
         *_faults_section(paths),
+        *_stragglers_section(paths),
         *_results_section(paths, evaluation),
         *_samples_section(evaluation),
         *_jobs_section(paths, evaluation, metrics),

@@ -61,6 +61,14 @@ def read_failures(paths: RunPaths) -> list[dict]:
     return [json.loads(line) for line in paths.failures_log.read_text().splitlines() if line]
 
 
+def read_stragglers(paths: RunPaths) -> list[dict]:
+    """The ranks named as stragglers (train/metrics.jsonl), each with the step it was named at."""
+    if not paths.metrics.exists():
+        return []
+    records = [json.loads(line) for line in paths.metrics.read_text().splitlines() if line]
+    return [{"step": r["step"], **s} for r in records for s in r.get("stragglers", [])]
+
+
 def current_evaluation(paths: RunPaths) -> dict:
     """eval/DONE.json if it evaluated the training train/DONE.json records, else {}: after a
     training went on, its earlier evaluation describes another model."""

@@ -31,6 +31,7 @@ from pipeline.training.profiling import StepProfiler
 from pipeline.training.saver import CheckpointSaver
 from pipeline.training.schedule import lr_scheduler
 from pipeline.training.signals import StopRequest
+from pipeline.training.stragglers import StragglerWatch
 
 _log = log.get()
 
@@ -302,6 +303,7 @@ class Trainer(Engine):
         iterators = self.iterators(train_ds, self.state.consumed_samples, t.micro_batch_size)
         iterators = [progress.reporting(batches) for batches in iterators]
         self.metrics.open_tensorboard(self.state.step)
+        stragglers = StragglerWatch(cfg.cluster.straggler_threshold, self.device)
         profiler = StepProfiler(list(t.profile_steps), self.paths.profile, self.is_logger)
         window_seconds, window_steps = 0.0, 0
         tokens_per_step = t.global_batch_size * cfg.model.seq_length
@@ -309,7 +311,8 @@ class Trainer(Engine):
             profiler.step_starts(self.state.step + 1)
             progress.phase("data", self.state.step)
             started = time.time()
-            loss, grad_norm, updated = self.train_step(iterators)  # reading the loss syncs
+            with stragglers.step():
+                loss, grad_norm, updated = self.train_step(iterators)  # reading the loss syncs
             took = time.time() - started
             window_seconds += took
             progress.step_took(took)
@@ -339,6 +342,7 @@ class Trainer(Engine):
                     "lr": self.optimizer.param_groups[0]["lr"],
                     "skipped_steps": st.skipped_steps,
                     **self.throughput.over(window_steps, window_seconds),
+                    **stragglers.interval(st.step, window_seconds),
                 }
                 self.metrics.record(record)
                 _log.info(console_line(record, t.steps))
