@@ -47,7 +47,7 @@ class Progress:
 
     @classmethod
     def parse(cls, text: str, rank: int) -> Progress | None:
-        fields = text.split()
+        fields = text.split("\n", 1)[0].split()  # a longer line written before may trail
         if len(fields) != 6:
             return None  # not written yet
         at, step, phase, step_s, pid, node = fields
