@@ -22,16 +22,23 @@ AUTO = "auto"  # train.micro_batch_size and train.recompute: the planner chooses
 class SourceConfig:
     """One source of a data mixture (data.sources.NAME)."""
 
-    inputs: list[str] = field(default_factory=list)  # JSONL / JSONL.gz globs
+    # globs of JSONL (plain, gzip, zstd), Parquet, Arrow files or datasets.save_to_disk folders
+    inputs: list[str] = field(default_factory=list)
     text_key: str | None = None  # None: data.text_key
     weight: float = 1.0  # share of the training samples drawn from it, relative to the others
+    format: str | None = None  # auto | text (each file one document); None: data.format
+    where: str | None = None  # Parquet/Arrow row filter ("language_score >= 0.9"); None: all
 
 
 @dataclass
 class DataConfig:
-    # JSONL / JSONL.gz globs of a corpus of one source; empty (and no sources): the built-in
+    # globs of a corpus of one source: JSONL (plain, gzip, zstd), Parquet, Arrow files or
+    # datasets.save_to_disk folders, told apart by content; empty (and no sources): the built-in
     # one. Each data group sets it, so that one that leaves it ??? is refused, not defaulted.
     inputs: list[str] = MISSING
+    # auto: JSONL records or Parquet/Arrow rows, by content; text: each file one document
+    format: str = "auto"
+    where: str | None = None  # a row filter on Parquet/Arrow columns of data.inputs; None: all
     # A weighted mixture instead: name -> SourceConfig (inputs, text key, sampling weight).
     # Untyped here, as OmegaConf cannot add typed entries from the command line
     # (+data.sources.NAME={inputs:[GLOB],weight:W}); pipeline.config.compose checks each.
