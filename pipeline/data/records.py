@@ -162,7 +162,7 @@ def read(
 def _read_text(span: Span, max_document_bytes: int) -> Iterator[Document | Reject]:
     try:
         with formats.open_bytes(span.path) as f:
-            raw = f.read(max_document_bytes + 1)
+            raw = _read_at_most(f, max_document_bytes + 1)
     except TRUNCATED as e:
         yield Reject(span.path, 1, f"truncated_{formats.kind(span.path)}", str(e))
         return
@@ -175,6 +175,15 @@ def _read_text(span: Span, max_document_bytes: int) -> Iterator[Document | Rejec
         yield Reject(span.path, 1, "invalid_utf8", str(e))
         return
     yield Document(text, len(raw)) if text else Reject(span.path, 1, "empty_text")
+
+
+def _read_at_most(f: BinaryIO, limit: int) -> bytes:
+    """Up to `limit` bytes, read in chunks (never a buffer of `limit` bytes asked for ahead)."""
+    chunks, size = [], 0
+    while size < limit and (chunk := f.read(min(READ_CHUNK * 16, limit - size))):
+        chunks.append(chunk)
+        size += len(chunk)
+    return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
 def _read_jsonl(span: Span, text_key: str, max_document_bytes: int) -> Iterator[Document | Reject]:

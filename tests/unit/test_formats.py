@@ -48,9 +48,10 @@ def write_saved_dataset(folder: Path, texts: list[str], files: int) -> None:
     names = [f"data-{i:05d}-of-{files:05d}.arrow" for i in range(files)]
     for i, name in enumerate(names):
         table = pa.table({"text": texts[i::files], "id": list(range(len(texts[i::files])))})
-        with pa.OSFile(str(folder / name), "wb") as sink, pa.ipc.new_stream(
-            sink, table.schema
-        ) as writer:
+        with (
+            pa.OSFile(str(folder / name), "wb") as sink,
+            pa.ipc.new_stream(sink, table.schema) as writer,
+        ):
             writer.write_table(table, max_chunksize=7)
     (folder / "dataset_info.json").write_text(json.dumps({"features": {"text": {}}}))
     state = {"_data_files": [{"filename": n} for n in names], "_split": "train"}
@@ -96,7 +97,11 @@ def test_parquet_row_groups_spread_over_tasks_and_bad_values_are_counted_by_row(
     numbers = tmp_path / "numbers.parquet"
     pq.write_table(pa.table({"text": [1, None, 3]}), numbers)
     found = [(r.line, r.reason, r.detail) for r in read(Span(str(numbers)), "text", 10**6)]
-    assert found == [(1, "text_not_string", "int64"), (2, "null_text", ""), (3, "text_not_string", "int64")]
+    assert found == [
+        (1, "text_not_string", "int64"),
+        (2, "null_text", ""),
+        (3, "text_not_string", "int64"),
+    ]
 
 
 def test_a_damaged_parquet_file_is_one_reject_after_what_was_read(tmp_path):
@@ -119,11 +124,13 @@ def test_a_damaged_parquet_file_is_one_reject_after_what_was_read(tmp_path):
 
 
 def test_zstd_frames_are_units_and_a_truncated_frame_keeps_what_came_before(tmp_path):
-    lines = [json.dumps({"text": f"line {i} " + "z" * (i % 13)}).encode() + b"\n" for i in range(300)]
+    lines = [
+        json.dumps({"text": f"line {i} " + "z" * (i % 13)}).encode() + b"\n" for i in range(300)
+    ]
     stream = b"".join(lines)
     cuts = [0, len(stream) // 3 + 5, 2 * len(stream) // 3 + 7, len(stream)]  # inside lines
     path = tmp_path / "pile.jsonl.zst"
-    write_zstd(path, [stream[a:b] for a, b in zip(cuts, cuts[1:])], truncate_last=9)
+    write_zstd(path, [stream[a:b] for a, b in zip(cuts, cuts[1:], strict=False)], truncate_last=9)
     frames = formats.zstd_frames(str(path))
     assert len(frames) == 3 and frames[-1][1] == path.stat().st_size
     plan = shards.make_plan([("pile", str(path), path.stat().st_size)], 3)
@@ -138,7 +145,7 @@ def test_zstd_frames_are_units_and_a_truncated_frame_keeps_what_came_before(tmp_
 
 def test_text_files_are_one_document_each(tmp_path):
     (tmp_path / "a.txt").write_text("Chapter one.\n\n  It began.\n")
-    (tmp_path / "b.txt.gz").write_bytes(gzip.compress("second book".encode()))
+    (tmp_path / "b.txt.gz").write_bytes(gzip.compress(b"second book"))
     (tmp_path / "c.txt").write_bytes(b"")
     (tmp_path / "d.txt").write_bytes(b"\xff\xfe not utf-8")
     got = [
@@ -198,3 +205,54 @@ def test_ten_thousand_small_files_are_planned_in_seconds(tmp_path):
     plan = shards.plan(RunPaths.of(cfg.workdir), cfg.data)
     assert time.time() - started < 10
     assert len(plan) == 64 and len({s.path for spans in plan for s in spans}) == 10_000
+
+
+def test_the_same_documents_are_held_out_from_jsonl_and_from_parquet(tokenized, tmp_path):
+    from pipeline.data import tokenizer
+    from tests.unit.test_tokenize import shard_texts, tokenize_all
+
+    words = [
+        "the",
+        "of",
+        "and",
+        "to",
+        "in",
+        "is",
+        "that",
+        "for",
+        "it",
+        "as",
+        "with",
+        "was",
+        "on",
+        "be",
+        "by",
+        "this",
+        "are",
+    ]
+    texts = [" ".join(words[(i * 7 + k) % len(words)] for k in range(5 + i % 11)) + f" {i}"
+             for i in range(600)]  # fmt: skip
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    (tmp_path / "a" / "corpus.jsonl").write_text(
+        "".join(json.dumps({"text": t}) + "\n" for t in texts)
+    )
+    write_parquet(tmp_path / "b" / "corpus.parquet", texts[::-1], 6)  # another order, too
+    model = f"tokenizer.model={RunPaths.of(tokenized.workdir).tokenizer_model}"
+    held_out = []
+    for folder, num_shards in (("a", 2), ("b", 3)):
+        cfg = make_config(
+            tmp_path / f"run-{folder}",
+            f"data.inputs=[{tmp_path / folder}/*]",
+            f"data.num_shards={num_shards}",
+            model,
+        )
+        markers = tokenize_all(cfg)
+        paths = RunPaths.of(cfg.workdir)
+        sp = tokenizer.load(paths.tokenizer_model)
+        splits = [shard_texts(paths, m["shard"], sp) for m in markers]
+        held_out.append(
+            {s: sorted(t for by in splits for t in by[s]) for s in ("validation", "test")}
+        )
+        assert sum(m["documents"] for m in markers) == len(texts)
+    assert held_out[0] == held_out[1] and held_out[0]["test"] and held_out[0]["validation"]
