@@ -11,7 +11,7 @@ from collections.abc import Iterator
 
 from pipeline.config import row_filter
 from pipeline.core.errors import ConfigError
-from pipeline.data.documents import Document, Filtered, Reject, Span
+from pipeline.data.documents import Document, Filtered, Reject, Span, where_key
 
 BATCH_ROWS = 1024
 TEXT_TYPES = ("string", "large_string", "string_view")
@@ -81,13 +81,13 @@ def _rows(span: Span, batch, first_row: int, text_key: str, max_bytes: int, tree
         missing = [c for c in row_filter.columns(tree) if c not in batch.schema.names]
         if missing:
             raise ConfigError(
-                f"{_where_key(span)}: {where!r} reads column {missing[0]!r}, which {span.path} "
+                f"{where_key(span)}: {where!r} reads column {missing[0]!r}, which {span.path} "
                 f"does not have (its columns: {', '.join(batch.schema.names)})"
             )
         try:
             keep = _mask(tree, batch).to_numpy(zero_copy_only=False)
         except pa.ArrowException as e:
-            raise ConfigError(f"{_where_key(span)}: {where!r} on {span.path}: {_line(e)}") from e
+            raise ConfigError(f"{where_key(span)}: {where!r} on {span.path}: {_line(e)}") from e
         rows = keep.nonzero()[0].tolist()
         if len(rows) < batch.num_rows:
             yield Filtered(span.path, batch.num_rows - len(rows))
@@ -126,12 +126,6 @@ def _document(path: str, row: int, value: str | bytes, max_bytes: int) -> Docume
     if not value:
         return Reject(path, row, "empty_text", "", "row")
     return Document(value, size)
-
-
-def _where_key(span: Span) -> str:
-    return (
-        f"data.sources.{span.source}.where" if span.source not in (None, "corpus") else "data.where"
-    )
 
 
 def _mask(tree: row_filter.Filter, batch):

@@ -42,3 +42,9 @@ class Filtered:
 
     path: str
     rows: int
+
+
+def where_key(span: Span) -> str:
+    """The config key of the row filter that applies to a span's file."""
+    named = span.source not in (None, "corpus")
+    return f"data.sources.{span.source}.where" if named else "data.where"

@@ -13,9 +13,9 @@ import zlib
 from collections.abc import Callable, Iterator
 from typing import BinaryIO
 
-from pipeline.core.errors import StageError
+from pipeline.core.errors import ConfigError, StageError
 from pipeline.data import formats
-from pipeline.data.documents import Document, Filtered, Reject, Span
+from pipeline.data.documents import Document, Filtered, Reject, Span, where_key
 
 BOM = b"\xef\xbb\xbf"
 READ_CHUNK = 1 << 20
@@ -149,6 +149,11 @@ def read(
     gzip or zstd), rows of Parquet and Arrow files (`where` selects them), or with fmt=text
     the whole file as one document."""
     found = formats.kind(span.path)
+    if where and found not in formats.COLUMNAR:
+        raise ConfigError(
+            f"{where_key(span)}: filters the rows of Parquet or Arrow files; {span.path} is "
+            f"{found} (JSONL): give that source no where"
+        )
     if fmt == TEXT:
         yield from _read_text(span, max_document_bytes)
     elif found in formats.COLUMNAR:
