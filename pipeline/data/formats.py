@@ -88,6 +88,8 @@ def zstd_frames(path: str) -> list[tuple[int, int]]:
                 if len(head) >= 8 and head[:4][1:] == b"\x2a\x4d\x18":  # a skippable frame
                     start += 8 + int.from_bytes(head[4:8], "little")
                     continue
+                if frames:  # what follows is no frame: the reader of the last says so
+                    frames[-1] = (frames[-1][0], size)
                 break
             try:
                 params = zstandard.get_frame_parameters(head)
@@ -113,6 +115,12 @@ def zstd_frames(path: str) -> list[tuple[int, int]]:
     return frames
 
 
+def zstandard():
+    import zstandard
+
+    return zstandard
+
+
 class ZstdReader(io.RawIOBase):
     """The decompressed bytes of a file's zstd frames from byte `start` on, one frame after
     another. `boundary` becomes the decompressed offset at which the frames before byte `end`
@@ -122,8 +130,6 @@ class ZstdReader(io.RawIOBase):
     next span's reader reports it."""
 
     def __init__(self, path: str, start: int = 0, end: int | None = None, run_on: bool = True):
-        import zstandard
-
         super().__init__()
         self.raw = open(path, "rb")  # noqa: SIM115 (closed with this reader)
         self.raw.seek(start)
@@ -131,8 +137,9 @@ class ZstdReader(io.RawIOBase):
         self.run_on = run_on
         self.boundary: int | None = None
         self.cut_short = False
+        self.failed: EOFError | None = None
         self.produced = 0
-        self.context = zstandard.ZstdDecompressor()
+        self.context = zstandard().ZstdDecompressor()
         self.frame = None
         self.out = memoryview(b"")
 
@@ -140,7 +147,10 @@ class ZstdReader(io.RawIOBase):
         return True
 
     def readinto(self, buffer) -> int:
+        zstd = zstandard()
         while not self.out:
+            if self.failed is not None:  # after the bytes decompressed before the damage
+                raise self.failed
             past_end = self.boundary is not None
             if past_end and not self.run_on:
                 return 0
@@ -161,7 +171,11 @@ class ZstdReader(io.RawIOBase):
             while chunk:
                 if self.frame is None or self.frame.eof:
                     self.frame = self.context.decompressobj()
-                pieces.append(self.frame.decompress(chunk))
+                try:
+                    pieces.append(self.frame.decompress(chunk))
+                except zstd.ZstdError as e:
+                    self.failed = EOFError(f"damaged zstd data: {e}")
+                    break
                 chunk = self.frame.unused_data if self.frame.eof else b""
             self.out = memoryview(b"".join(pieces))
             self.produced += len(self.out)

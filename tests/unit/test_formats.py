@@ -256,3 +256,13 @@ def test_the_same_documents_are_held_out_from_jsonl_and_from_parquet(tokenized, 
         )
         assert sum(m["documents"] for m in markers) == len(texts)
     assert held_out[0] == held_out[1] and held_out[0]["test"] and held_out[0]["validation"]
+
+
+def test_bytes_after_the_zstd_frames_that_are_no_frame_are_one_reject_after_the_lines(tmp_path):
+    path = tmp_path / "tail.jsonl.zst"
+    lines = b"".join(b'{"text": "line %d"}\n' % i for i in range(10))
+    path.write_bytes(zstandard.ZstdCompressor().compress(lines) + b"\x00not a frame" * 3)
+    assert formats.zstd_frames(str(path)) == [(0, path.stat().st_size)]
+    items = list(read(Span(str(path)), "text", 10**6))
+    assert documents(items) == [f"line {i}" for i in range(10)]
+    assert [(r.line, r.reason) for r in items if isinstance(r, Reject)] == [(11, "truncated_zstd")]
