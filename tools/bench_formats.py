@@ -5,8 +5,9 @@ the already-parsed texts.
 
 Each measurement is a child process pinned to one core (taskset); the formats run side by side,
 interleaved, --repeats times each, and the medians are printed. Tokens per second per core is
-tokens / the child's CPU seconds (reading, parsing, encoding and writing included), which
-other work on a shared machine does not inflate as it does wall time; wall time is printed too.
+tokens / the child's CPU seconds (reading, parsing, encoding and writing included; importing
+pyarrow, a fixed cost of each task, apart), which other work on a shared machine does not
+inflate as it does wall time; wall time is printed too.
 
     python tools/bench_formats.py --mb 4 --model tokenizer.model --scratch /tmp/bench-formats
 """
@@ -39,11 +40,13 @@ def write_inputs(scratch: Path, megabytes: float) -> dict[str, Path]:
     from pipeline.data import corpus
 
     texts, size = [], 0
-    for text in corpus.documents():
-        texts.append(text)
-        size += len(text.encode())
-        if size >= megabytes * MB:
-            break
+    every = list(corpus.documents())
+    while size < megabytes * MB:  # the corpus again, when it is smaller than asked for
+        for text in every:
+            texts.append(text)
+            size += len(text.encode())
+            if size >= megabytes * MB:
+                break
     jsonl = "".join(json.dumps({"text": t}, ensure_ascii=False) + "\n" for t in texts).encode()
     paths = {f: scratch / f"corpus.{f}" for f in FORMATS}
     paths["jsonl"].write_bytes(jsonl)
@@ -65,6 +68,11 @@ def child(kind: str, path: Path, model: Path, out: Path) -> None:
 
     sp = load(model)
     data = DataConfig(inputs=[str(path)])
+    started = time.process_time()
+    import pyarrow.parquet  # noqa: F401 (a fixed cost of a task, not of its throughput)
+    import zstandard  # noqa: F401
+
+    imports = time.process_time() - started
     if kind == "raw":  # sentencepiece alone, on the texts parsed beforehand, in 1 MB batches
         texts = [d.text for d in read(Span(str(path)), "text", 1 << 30) if isinstance(d, Document)]
         batches, batch, size = [], [], 0
@@ -83,9 +91,8 @@ def child(kind: str, path: Path, model: Path, out: Path) -> None:
             data, 1, [Span(str(path))], sp, out, out.with_suffix(".rej"), kind
         )
         tokens = stats["tokens"]
-    print(
-        json.dumps({"tokens": tokens, "cpu": time.process_time() - cpu, "wall": time.time() - wall})
-    )
+    cpu, wall = time.process_time() - cpu, time.time() - wall
+    print(json.dumps({"tokens": tokens, "cpu": cpu, "wall": wall, "imports": imports}))
 
 
 def main() -> None:
@@ -115,8 +122,12 @@ def main() -> None:
             runs[kind].append(json.loads(subprocess.check_output(command).splitlines()[-1]))
     load_after = os.getloadavg()
     base = statistics.median(r["tokens"] / r["cpu"] for r in runs["jsonl"])
+    text_mb = paths["jsonl"].stat().st_size / MB
+    print(f"text: {text_mb:.1f} MB of JSONL, the built-in corpus; model {args.model}")
+    print(f"{args.repeats} runs of each, interleaved, each child pinned to core {args.core}")
+    imports = statistics.median(r["imports"] for rs in runs.values() for r in rs)
     print(
-        f"text: {args.mb} MB of the built-in corpus; model {args.model}; {args.repeats} runs each"
+        f"importing pyarrow and zstandard, once per task and not in the rates: {imports:.2f} CPU s"
     )
     print(f"{platform.processor() or platform.machine()}, Python {platform.python_version()}, "
           f"load average {load_before[0]:.1f} before, {load_after[0]:.1f} after")  # fmt: skip
