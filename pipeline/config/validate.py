@@ -15,7 +15,7 @@ import re
 from functools import reduce
 from typing import Any
 
-from pipeline.config import derived, inputs, row_filter
+from pipeline.config import derived, inputs
 from pipeline.config.schema import AUTO, STAGES, PipelineConfig
 from pipeline.core.errors import ConfigError
 
@@ -160,36 +160,6 @@ def _validate_export(cfg: PipelineConfig) -> None:
     _require(cfg.export.shard_gb > 0, "export.shard_gb", "must be > 0")
 
 
-def _readable_files(pattern: str, key: str) -> list[str]:
-    """The files a glob of `key` names (a saved `datasets` folder: its Arrow files); none, or
-    one that cannot be read, is a ConfigError."""
-    matches, folders = inputs.expand(pattern)
-    if not matches and folders:
-        raise ConfigError(
-            f"{key}: {pattern!r} is a folder; name its files with a glob ({pattern.rstrip('/')}"
-            "/*.jsonl, say)"
-        )
-    _require(bool(matches), key, f"{pattern!r} matches no file")
-    for path in matches:
-        _require(os.access(path, os.R_OK), key, f"{path} is not readable")
-    return [os.path.abspath(p) for p in matches]
-
-
-def _validate_reading(key: str, fmt: str | None, where: str | None) -> None:
-    """A source's format is auto or text; its row filter parses."""
-    if fmt is not None:
-        _require(fmt in ("auto", "text"), f"{key}.format", f"{fmt!r} is not auto or text")
-    if where is not None:
-        try:
-            row_filter.parse(where)
-        except row_filter.BadFilter as e:
-            raise ConfigError(
-                f"{key}.where: {where!r}: {e}; give comparisons of a column with a number or "
-                "'string' (==, !=, <, <=, >, >=) joined by and/or"
-            ) from None
-        _require(fmt != "text", f"{key}.where", "filters Parquet or Arrow rows, not text files")
-
-
 def _validate_sources(cfg: PipelineConfig) -> None:
     d = cfg.data
     _require(
@@ -205,12 +175,12 @@ def _validate_sources(cfg: PipelineConfig) -> None:
         )
         _require(math.isfinite(source.weight) and source.weight > 0, f"{key}.weight", "must be > 0")
         _require(source.text_key != "", f"{key}.text_key", "must not be empty")
-        _validate_reading(key, source.format, source.where)
+        inputs.check_reading(key, source.format, source.where)
         if "tokenize" not in cfg.stages:
             continue  # the data is tokenized: its inputs are not read again
         _require(bool(source.inputs), f"{key}.inputs", "needs at least one glob")
         for pattern in source.inputs:
-            for path in _readable_files(str(pattern), f"{key}.inputs"):
+            for path in inputs.readable_files(str(pattern), f"{key}.inputs"):
                 other = owner.setdefault(path, name)
                 _require(other == name, f"{key}.inputs", f"{path} is in data.sources.{other} too")
 
@@ -219,7 +189,7 @@ def _validate_data(cfg: PipelineConfig) -> None:
     d = cfg.data
     _require(d.num_shards >= 1, "data.num_shards", "must be at least 1")
     _require(bool(d.text_key), "data.text_key", "must not be empty")
-    _validate_reading("data", d.format, d.where)
+    inputs.check_reading("data", d.format, d.where)
     _one_of(cfg, "data.dedup", ("none", "exact"))
     _require(d.warn_epochs > 0, "data.warn_epochs", "must be > 0")
     _require(d.max_epochs > 0, "data.max_epochs", "must be > 0")
@@ -232,7 +202,7 @@ def _validate_data(cfg: PipelineConfig) -> None:
     _validate_sources(cfg)
     if "tokenize" in cfg.stages:
         for pattern in d.inputs:
-            _readable_files(pattern, "data.inputs")
+            inputs.readable_files(pattern, "data.inputs")
     try:
         weights = [float(x) for x in d.split.split(",")]
     except ValueError:
