@@ -11,7 +11,7 @@ from pipeline.config import DataConfig
 from pipeline.core.errors import ConfigError, StageError
 from pipeline.core.paths import RunPaths
 from pipeline.data import sources
-from pipeline.data.records import Document, Reject, Span
+from pipeline.data.records import TEXT, Document, Reject, Span
 
 
 def refuse_losses(data: DataConfig, markers: list[dict], paths: RunPaths) -> None:
@@ -55,6 +55,8 @@ def refuse_unreadable_inputs(data: DataConfig, paths: RunPaths, records: int = 1
         return  # any loss accepted; the built-in corpus
     reading = sources.by_name(data)
     for name, path in sources.files(paths, data):
+        if reading[name].format == TEXT:
+            continue  # a file is one document, read whole: verify judges these files
         bad: Counter = Counter()
         read = reading[name].read(Span(path, source=name), data.max_document_bytes)
         for item in itertools.islice(read, records):
