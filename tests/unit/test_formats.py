@@ -266,3 +266,19 @@ def test_bytes_after_the_zstd_frames_that_are_no_frame_are_one_reject_after_the_
     items = list(read(Span(str(path)), "text", 10**6))
     assert documents(items) == [f"line {i}" for i in range(10)]
     assert [(r.line, r.reason) for r in items if isinstance(r, Reject)] == [(11, "truncated_zstd")]
+
+
+def test_arrow_files_and_streams_are_read_and_a_cut_stream_keeps_its_first_batches(tmp_path):
+    table = pa.table({"text": [f"row {i}" for i in range(40)]})
+    as_file = tmp_path / "random-access.arrow"
+    with pa.OSFile(str(as_file), "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
+        writer.write_table(table, max_chunksize=10)
+    assert formats.kind(str(as_file)) == "arrow"
+    assert documents(read(Span(str(as_file)), "text", 10**6)) == table["text"].to_pylist()
+    stream = tmp_path / "cut.arrow"
+    with pa.OSFile(str(stream), "wb") as sink, pa.ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table, max_chunksize=10)
+    stream.write_bytes(stream.read_bytes()[:-150])  # into the last batch
+    items = list(read(Span(str(stream)), "text", 10**6))
+    assert documents(items) == [f"row {i}" for i in range(30)]
+    assert [(r.line, r.reason) for r in items if isinstance(r, Reject)] == [(31, "damaged_arrow")]
