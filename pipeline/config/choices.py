@@ -5,6 +5,11 @@ from __future__ import annotations
 from pipeline.config.keys import Choice
 
 
+class DataFormat(Choice):
+    auto = "auto"  # JSONL records or Parquet/Arrow rows, told apart by content
+    text = "text"  # each file one document
+
+
 class Dedup(Choice):
     none = "none"
     exact = "exact"  # documents of the same text kept once in the whole corpus

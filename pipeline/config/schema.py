@@ -45,9 +45,12 @@ POSITIVE, FRACTION = Bound.POSITIVE, Bound.FRACTION
 class SourceConfig:
     """One source of a data mixture (data.sources.NAME)."""
 
-    inputs: list[str] = field(default_factory=list)  # JSONL / JSONL.gz globs
+    # globs of JSONL (plain, gzip, zstd), Parquet, Arrow files or datasets.save_to_disk folders
+    inputs: list[str] = field(default_factory=list)
     text_key: str | None = None  # None: data.text_key
     weight: float = 1.0  # share of the training samples drawn from it, relative to the others
+    format: str | None = None  # auto | text (each file one document); None: data.format
+    where: str | None = None  # Parquet/Arrow row filter ("language_score >= 0.9"); None: all
 
 
 @dataclass
@@ -56,8 +59,15 @@ class DataConfig:
     inputs: list[str] = key(
         MISSING,
         OUTPUT,
-        "JSONL / JSONL.gz globs of one source; empty: the built-in corpus",
+        "globs of one source (JSONL plain/gzip/zstd, Parquet, Arrow, datasets folders, text); "
+        "empty: the built-in corpus",
         common=True,
+    )
+    format: c.DataFormat = key(
+        c.DataFormat.auto, OUTPUT, "auto: records or rows, by content; text: a file a document"
+    )
+    where: str | None = key(
+        None, OUTPUT, "a row filter on Parquet/Arrow columns, e.g. 'language_score >= 0.9'"
     )
     # Untyped, as OmegaConf cannot add typed entries from the command line
     # (+data.sources.NAME={inputs:[GLOB],weight:W}); pipeline.config.compose checks each
