@@ -15,7 +15,7 @@ from pipeline.core import files, log
 from pipeline.core.paths import RunPaths
 
 _log = log.get()
-INSTALL = "pip install 'pipeline[tracking]'"
+PACKAGES = {"wandb": "wandb", "mlflow": "mlflow-skinny"}  # or the project's tracking extra
 
 
 def wanted(cfg: PipelineConfig) -> dict[str, str]:
@@ -63,7 +63,10 @@ class Trackers:
             except ImportError as e:
                 if (e.name or "").split(".")[0] != name:
                     raise
-                _log.warning(f"{setting}: {name} is not installed ({INSTALL}); going on without")
+                _log.warning(
+                    f"{setting}: {name} is not installed (pip install {PACKAGES[name]}); "
+                    "going on without"
+                )
                 continue
             except Exception as e:  # a tracker never stops the run
                 _log.warning(f"{setting}: {name} failed to start ({_said(e)}); going on without")

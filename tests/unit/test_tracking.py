@@ -74,10 +74,9 @@ def test_a_tracker_not_installed_costs_one_line_and_nothing_else(tmp_path, monke
     trackers.finish(RunPaths.of(tmp_path))
     lines = capfd.readouterr().err.splitlines()
     assert lines == [
-        "logging.wandb.mode=offline: wandb is not installed (pip install 'pipeline[tracking]'); "
+        "logging.wandb.mode=offline: wandb is not installed (pip install wandb); going on without",
+        "logging.mlflow.enabled=true: mlflow is not installed (pip install mlflow-skinny); "
         "going on without",
-        "logging.mlflow.enabled=true: mlflow is not installed (pip install "
-        "'pipeline[tracking]'); going on without",
     ]
     assert not (tmp_path / "tracking.json").exists()
 
