@@ -344,7 +344,10 @@ class WandbConfig:
 
     # offline: compute nodes without internet; `wandb sync` from the login node uploads it
     mode: c.WandbMode = key(
-        c.WandbMode.disabled, NOT_SETTING, "online | offline (files in the run folder)", common=True
+        c.WandbMode.disabled,
+        NOT_SETTING,
+        "log to W&B; offline: files in the run folder",
+        common=True,
     )
     project: str = key("pipeline", NOT_SETTING, "the W&B project")
     entity: str | None = key(None, NOT_SETTING, "the W&B team or user; none: the account's own")

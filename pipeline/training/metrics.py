@@ -63,7 +63,9 @@ class MetricsLog:
         self.trackers.log(record)
 
     def close(self, finished: bool = False) -> None:
-        """Flush and close; a `finished` training also sends its report to the trackers."""
+        """Flush and close; `finished`: the report is written, send it to the trackers (one
+        rank jobs; with more, the logging rank is not the one that writes it, and the
+        evaluation sends it)."""
         if self.writer is not None:
             self.writer.close()
         self.trackers.finish(self.paths if finished else None)

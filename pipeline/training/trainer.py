@@ -356,7 +356,7 @@ class Trainer(Engine):
         self._saved(self.saver.wait())
         self.saver.close()
         result = self._finish()
-        self.metrics.close(finished=True)  # after the report _finish writes
+        self.metrics.close(finished=self.rank.is_first)  # the report, where _finish wrote it
         stop.ignore_warnings()
         return result
 

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from pipeline.config import ConfigError
 from pipeline.core import files
 from pipeline.core.paths import RunPaths
 from pipeline.tracking.trackers import Trackers
@@ -107,3 +108,10 @@ def test_trackers_that_cannot_be_reached_log_to_the_run_folder(
 
     history = MlflowClient(local["tracking_uri"]).get_metric_history(local["run_id"], "loss")
     assert [(m.step, m.value) for m in history] == [(1, 5.0)]
+
+
+@pytest.mark.parametrize("name", ["WANDB_API_KEY", "MLFLOW_TRACKING_TOKEN", "HF_token"])
+def test_a_secret_in_cluster_env_is_refused_before_it_reaches_a_file(tmp_path, name):
+    with pytest.raises(ConfigError, match=rf"^cluster\.env\.{name}: a secret\? export it"):
+        make_config(tmp_path, f"+cluster.env.{name}=canary")
+    assert list(tmp_path.iterdir()) == []
