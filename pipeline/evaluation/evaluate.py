@@ -207,5 +207,5 @@ def evaluate(cfg: PipelineConfig, made_from: dict) -> EvaluationRecord:
         files.write_json(paths.eval_done, result)  # last: the marker of a complete evaluation
         trackers = Trackers.open(cfg, paths)  # the training's tracker run, continued
         trackers.results(result)
-        trackers.finish(paths)
+        trackers.finish()
     return result

@@ -66,8 +66,8 @@ def fingerprints(paths: RunPaths) -> dict[str, str]:
     return found
 
 
-def slurm(paths: RunPaths) -> dict[str, str]:
-    """The Slurm job ids of the run's submissions and the nodes its training ran on."""
+def jobs_and_nodes(paths: RunPaths) -> dict[str, str]:
+    """The Slurm job ids of the run's submissions, the nodes its training ran on."""
     out = {}
     submissions = files.read_json_or_none(paths.jobs) or []
     jobs = sorted({j for s in submissions for ids in s.get("jobs", {}).values() for j in ids})
@@ -76,7 +76,7 @@ def slurm(paths: RunPaths) -> dict[str, str]:
     attempts = (files.read_json_or_none(paths.ranks) or {}).get("attempts", [])
     nodes = sorted({r["node"] for a in attempts for r in a.get("ranks", []) if "node" in r})
     if nodes:
-        out["slurm.nodes"] = ",".join(nodes)
+        out["nodes"] = ",".join(nodes)
     return out
 
 
@@ -87,7 +87,7 @@ def identity(paths: RunPaths) -> dict[str, str]:
     if commit:
         tags["git.commit"] = commit
     tags.update({f"fingerprint.{k}": v for k, v in fingerprints(paths).items()})
-    tags.update(slurm(paths))
+    tags.update(jobs_and_nodes(paths))
     return tags
 
 

@@ -54,6 +54,11 @@ class MlflowTracker:
     def results(self, values: dict[str, float], step: int) -> None:
         self.log(values, step)
 
+    def identify(self, tags: dict[str, str]) -> None:
+        from mlflow.entities import RunTag
+
+        self.client.log_batch(self.run_id, tags=[RunTag(k, v) for k, v in tags.items()])
+
     def upload(self, found: list[Path]) -> None:
         root = Path(os.path.commonpath([p.parent for p in found]))
         for path in found:

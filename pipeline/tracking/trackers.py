@@ -13,6 +13,7 @@ from pipeline.config import PipelineConfig
 from pipeline.config.choices import WandbMode
 from pipeline.core import files, log
 from pipeline.core.paths import RunPaths
+from pipeline.tracking import identity
 
 _log = log.get()
 PACKAGES = {"wandb": "wandb", "mlflow": "mlflow-skinny"}  # or the project's tracking extra
@@ -28,7 +29,7 @@ def wanted(cfg: PipelineConfig) -> dict[str, str]:
     return found
 
 
-def artifacts(paths: RunPaths) -> list[Path]:
+def files_to_send(paths: RunPaths) -> list[Path]:
     """What a run sends at the end of a job: the report, its loss plot and summary.json."""
     named = [paths.report, paths.report_html, paths.summary, paths.train_dir / "loss.png"]
     return [p for p in named if p.exists()]
@@ -45,15 +46,15 @@ def _numbers(record: dict[str, Any]) -> dict[str, float]:
 
 
 class Trackers:
-    def __init__(self, opened: list[Any]) -> None:
-        self.opened = opened
+    def __init__(self, opened: list[Any], paths: RunPaths | None = None) -> None:
+        self.opened, self.paths = opened, paths
 
     @classmethod
     def open(cls, cfg: PipelineConfig, paths: RunPaths) -> Trackers:
         """The enabled trackers, each continuing the tracker run of this run folder."""
         enabled = wanted(cfg)
         if not enabled:
-            return cls([])
+            return cls([], paths)
         saved = files.read_json_or_none(paths.tracking) or {}
         opened = []
         for name, setting in enabled.items():
@@ -74,7 +75,7 @@ class Trackers:
             opened.append(tracker)
         if opened:
             files.write_json(paths.tracking, saved)
-        return cls(opened)
+        return cls(opened, paths)
 
     def _each(self, what: str, *args: Any) -> None:
         for tracker in list(self.opened):
@@ -97,11 +98,14 @@ class Trackers:
         if self.opened and values:
             self._each("results", values, evaluation["checkpoint_step"])
 
-    def finish(self, paths: RunPaths | None = None) -> None:
-        """Send the artifacts (given the run folder), then close each tracker run."""
-        found = artifacts(paths) if paths else []
-        if found:
-            self._each("upload", found)
+    def finish(self, artifacts: bool = True) -> None:
+        """The run's identity as it is now (this job's nodes, the markers it wrote), the
+        report, its plot and summary.json (with `artifacts`), then close each tracker run."""
+        if self.opened and self.paths is not None:
+            self._each("identify", identity.identity(self.paths))
+            found = files_to_send(self.paths) if artifacts else []
+            if found:
+                self._each("upload", found)
         self._each("close")
         self.opened = []
 

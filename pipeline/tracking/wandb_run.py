@@ -35,6 +35,9 @@ class WandbTracker:
     def results(self, values: dict[str, float], step: int) -> None:
         self.run.summary.update({**values, "checkpoint_step": step})
 
+    def identify(self, tags: dict[str, str]) -> None:
+        self.run.config.update(tags, allow_val_change=True)
+
     def upload(self, found: list[Path]) -> None:
         import wandb
 

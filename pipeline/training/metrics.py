@@ -22,7 +22,7 @@ class MetricsLog:
     def __init__(self, paths: RunPaths, enabled: bool, cfg: PipelineConfig | None = None) -> None:
         self.paths, self.enabled = paths, enabled
         self.writer = None
-        self.trackers = Trackers.open(cfg, paths) if enabled and cfg else Trackers([])
+        self.trackers = Trackers.open(cfg, paths) if enabled and cfg else Trackers([], paths)
 
     def keep_until(self, step: int) -> None:
         """Keep the records of the steps up to `step`, the one this attempt starts from: a
@@ -63,12 +63,12 @@ class MetricsLog:
         self.trackers.log(record)
 
     def close(self, finished: bool = False) -> None:
-        """Flush and close; `finished`: the report is written, send it to the trackers (one
-        rank jobs; with more, the logging rank is not the one that writes it, and the
+        """Flush and close; `finished`: the report is written, send it to the trackers (jobs
+        of one rank; with more, the logging rank is not the one that wrote it, and the
         evaluation sends it)."""
         if self.writer is not None:
             self.writer.close()
-        self.trackers.finish(self.paths if finished else None)
+        self.trackers.finish(artifacts=finished)
 
 
 @dataclass(frozen=True)

@@ -111,6 +111,8 @@ def test_trackers_receive_the_metrics_config_results_and_report_of_one_run(
         config.update(r["config"]["update"])
     assert config["train.lr"] == cfg.train.lr and config["model.hidden_size"] == 64
     assert config["fingerprint.train"] == files.read_json(paths.train_done)["fingerprint"]
+    nodes = {r["node"] for a in files.read_json(paths.ranks)["attempts"] for r in a["ranks"]}
+    assert config["nodes"] == ",".join(sorted(nodes)) and config["workdir"] == str(paths.root)
     summary = {}
     for r in records:
         if r["type"] == "summary":
@@ -140,6 +142,7 @@ def test_trackers_receive_the_metrics_config_results_and_report_of_one_run(
     assert run.data.params["train.steps"] == "20"  # MLflow keeps a parameter's first value
     assert run.data.tags["config.train.steps"] == "30"
     assert run.data.tags["fingerprint.evaluate"] == evaluation["fingerprint"]
+    assert run.data.tags["nodes"] == config["nodes"]
     assert run.info.status == "FINISHED"
     listed = {a.path for a in client.list_artifacts(run_id)}
     listed |= {a.path for a in client.list_artifacts(run_id, "train")}
@@ -165,7 +168,8 @@ def test_a_run_without_trackers_loads_and_mentions_neither(tokenized, tmp_path):
         "from pipeline.training.steps import TRAIN\n"
         "from pipeline.evaluation.steps import EVALUATE\n"
         f"cfg = make_config({str(workdir)!r}, *SMALL_SERIAL, 'train.steps=5', "
-        "'train.save_interval=5', 'train.eval_interval=5')\n"
+        "'train.save_interval=5', 'train.eval_interval=5', 'eval.max_batches=1', "
+        "'eval.max_new_tokens=4')\n"
         "TRAIN.run(cfg)\n"
         "EVALUATE.run(cfg)\n"
         "ours = ('pipeline.tracking.wandb_run', 'pipeline.tracking.mlflow_run', 'mlflow')\n"

@@ -26,7 +26,7 @@ def _tracked_run(workdir: Path, *overrides: str) -> RunPaths:
     paths.root.mkdir(parents=True, exist_ok=True)
     trackers = Trackers.open(cfg, paths)
     trackers.log({"step": 1, "loss": 5.0, "kernels": "local"})
-    trackers.finish(paths)
+    trackers.finish()
     return paths
 
 
@@ -72,7 +72,7 @@ def test_a_tracker_not_installed_costs_one_line_and_nothing_else(tmp_path, monke
     trackers = Trackers.open(cfg, RunPaths.of(tmp_path))
     assert trackers.opened == []
     trackers.log({"step": 1, "loss": 5.0})
-    trackers.finish(RunPaths.of(tmp_path))
+    trackers.finish()
     lines = capfd.readouterr().err.splitlines()
     assert lines == [
         "logging.wandb.mode=offline: wandb is not installed (pip install wandb); going on without",
