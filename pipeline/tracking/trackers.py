@@ -1,6 +1,6 @@
-"""The trackers a run has enabled (logging.wandb.mode, logging.mlflow.enabled), opened on the logging rank.
-One that is off is never imported; one that is on but not installed, or that fails, costs one
-warning and the run goes on without it: a tracker never stops a training."""
+"""The trackers a run has enabled (logging.wandb.mode, logging.mlflow.enabled), opened on the
+logging rank. One that is off is never imported; one that is on but not installed, or that
+fails, costs one warning and the run goes on without it: a tracker never stops a training."""
 
 from __future__ import annotations
 
@@ -46,6 +46,9 @@ def _numbers(record: dict[str, Any]) -> dict[str, float]:
 
 
 class Trackers:
+    """The tracker runs of one job, each of which goes on in the tracker run of its run
+    folder; every call reaches each of them, and one that fails is dropped."""
+
     def __init__(self, opened: list[Any], paths: RunPaths | None = None) -> None:
         self.opened, self.paths = opened, paths
 

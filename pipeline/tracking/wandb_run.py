@@ -1,5 +1,5 @@
-"""logging.wandb.mode: a Weights & Biases run per run folder, resumed by the id tracking.json keeps.
-Offline, it writes under WORKDIR/wandb/ for `wandb sync` from a node with internet."""
+"""logging.wandb.mode: a Weights & Biases run per run folder, resumed by the id tracking.json
+keeps. Offline, it writes under WORKDIR/wandb/ for `wandb sync` from a node with internet."""
 
 from __future__ import annotations
 
@@ -78,9 +78,10 @@ def start(cfg: PipelineConfig, paths: RunPaths, saved: dict | None) -> tuple[Wan
     except Exception as e:  # online, and no answer (no network, no key): the same run, offline
         if str(w.mode) != "online":
             raise
+        said = (str(e).strip().splitlines() or [""])[0][:200]
         _log.warning(
-            f"logging.wandb.mode=online: W&B cannot be reached ({type(e).__name__}); logging "
-            f"offline, upload later: {sync_command(paths)}"
+            f"logging.wandb.mode=online: W&B did not start ({type(e).__name__}: {said}); "
+            f"logging offline, upload later: {sync_command(paths)}"
         )
         wandb.teardown()  # the service still holds the run that did not start
         run = wandb.init(mode="offline", **common)

@@ -1,5 +1,6 @@
-"""What training logs: train/metrics.jsonl, TensorBoard and the trackers of logging.* (the
-logging rank alone), the throughput with Megatron-LM's FLOP formula, and the console line of a logged step."""
+"""What training logs: train/metrics.jsonl, TensorBoard and the experiment trackers (the
+logging rank alone), the throughput with Megatron-LM's FLOP formula, and the console line of a
+logged step."""
 
 from __future__ import annotations
 
