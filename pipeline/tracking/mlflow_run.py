@@ -1,6 +1,7 @@
 """logging.mlflow.enabled: an MLflow run per run folder, continued by the run id tracking.json
-keeps. With no logging.mlflow.tracking_uri, or a server that does not answer, a file store in the run
-folder (a sweep's points: in the sweep folder), read with `mlflow ui --backend-store-uri`."""
+keeps. With no logging.mlflow.tracking_uri, or a server that does not answer, a file store in
+the run folder (a sweep's points: in the sweep folder), read with `mlflow ui
+--backend-store-uri`."""
 
 from __future__ import annotations
 
