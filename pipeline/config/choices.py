@@ -87,3 +87,9 @@ class Executor(Choice):
     inprocess = "inprocess"  # cluster=local
     subprocess = "subprocess"  # cluster=local
     slurm = "slurm"  # cluster=slurm
+
+
+class WandbMode(Choice):
+    disabled = "disabled"
+    offline = "offline"  # files in the run folder, uploaded later with `wandb sync`
+    online = "online"

@@ -20,6 +20,8 @@ from pipeline.config.schema import AUTO, STAGES, PipelineConfig
 from pipeline.config.split import Split
 from pipeline.core.errors import ConfigError
 
+_SECRET_NAME = re.compile(r"KEY|TOKEN|SECRET|PASSWORD|PASSWD", re.IGNORECASE)
+
 
 def _require(ok: bool, key: str, message: str) -> None:
     if not ok:
@@ -358,6 +360,10 @@ def _validate_script_values(cfg: PipelineConfig) -> None:
     for name in cfg.cluster.env:
         valid = bool(_ENV_NAME.fullmatch(str(name)))
         _require(valid, "cluster.env", f"{str(name)!r} is not an environment variable name")
+        # config.yaml, the job scripts and the trackers would hold it; jobs inherit the
+        # environment of the command that submits them
+        plain = not _SECRET_NAME.search(str(name))
+        _require(plain, f"cluster.env.{name}", "a secret? export it in the shell instead")
     for leaf in keys.leaves(cfg):
         if leaf.info is None or not leaf.info.script:
             continue

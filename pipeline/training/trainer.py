@@ -89,7 +89,7 @@ class Trainer(Engine):
             )
         self.optimizer = self.backend.optimizer(self.chunks, cfg)
         self.scheduler = lr_scheduler(self.optimizer, cfg.train)
-        self.metrics = MetricsLog(self.paths, self.is_logger)
+        self.metrics = MetricsLog(self.paths, self.is_logger, cfg)
         self.saver = CheckpointSaver(
             self.paths.checkpoints, self.backend, cfg.train.keep_last, cfg.train.async_save
         )
@@ -345,6 +345,7 @@ class Trainer(Engine):
             if stopping:
                 self._saved(self.saver.wait())
                 self.saver.close()
+                self.metrics.close()
                 requeue = stop.continues(self.device)
                 signals = ", ".join(signal.Signals(s).name for s in sorted(stop.received))
                 leaving = "exiting for requeue" if requeue else "exiting"
@@ -354,8 +355,8 @@ class Trainer(Engine):
                 return Interrupted(st.step, requeue)
         self._saved(self.saver.wait())
         self.saver.close()
-        self.metrics.close()
         result = self._finish()
+        self.metrics.close(finished=self.rank.is_first)  # the report, where _finish wrote it
         stop.ignore_warnings()
         return result
 
