@@ -6,6 +6,7 @@ the command, and reports a user's mistake in one line, without a traceback:
     exit 3  the run folder is in use by another launcher
     exit 1  a step failed for a reason its message explains (out of space, say)
     exit 130  interrupted (Ctrl-C) outside training (training saves first, then stops)
+    exit 143  SIGTERM outside training, likewise
 
 PIPELINE_DEBUG=1 prints the traceback behind the line.
 """
@@ -17,6 +18,7 @@ import difflib
 import logging
 import os
 import re
+import signal
 import sys
 import traceback
 import typing
@@ -28,7 +30,7 @@ from pipeline import config
 from pipeline.config import PipelineConfig
 from pipeline.config.compose import CONF, not_a_choice
 from pipeline.core import files, log
-from pipeline.core.errors import ConfigError, RunLocked, StageError
+from pipeline.core.errors import ConfigError, RunLocked, StageError, Terminated
 from pipeline.core.paths import RunPaths
 from pipeline.orchestration import history, sweep
 from pipeline.planning import auto
@@ -37,7 +39,7 @@ _log = log.get()
 
 __all__ = ["CONF", "run", "fail"]
 
-EXIT_FAILED, EXIT_CONFIG, EXIT_LOCKED, EXIT_INTERRUPTED = 1, 2, 3, 130
+EXIT_FAILED, EXIT_CONFIG, EXIT_LOCKED, EXIT_INTERRUPTED, EXIT_TERMINATED = 1, 2, 3, 130, 143
 
 config.register()  # before Hydra composes: conf/config.yaml starts from the schema
 
@@ -190,6 +192,10 @@ def replayed(composed: DictConfig, overrides: list[str], last_stages: bool) -> D
     return composed if replay is None else config.recompose(replay)
 
 
+def _terminated(signum, frame) -> None:
+    raise Terminated
+
+
 def run(
     composed: DictConfig,
     command: Callable[[PipelineConfig], int | None],
@@ -201,6 +207,7 @@ def run(
     run's history with `replay`, this command line's overrides; see `replayed`), then run
     `command` on it; exit with its code, or with one line for a user's mistake."""
     logging.getLogger("megatron").setLevel(logging.WARNING)  # its per-file INFO lines drown ours
+    signal.signal(signal.SIGTERM, _terminated)  # training records it instead, then saves
     try:
         if replay is not None:
             composed = replayed(composed, replay, last_stages)
@@ -215,6 +222,11 @@ def run(
         fail(
             "interrupted (Ctrl-C): complete outputs are kept; rerun the same command to go on",
             EXIT_INTERRUPTED,
+        )
+    except Terminated:
+        fail(
+            "terminated (SIGTERM): complete outputs are kept; rerun the same command to go on",
+            EXIT_TERMINATED,
         )
     except Exception as e:
         cause = files.space_error(e)  # out of space somewhere no step named the file

@@ -12,11 +12,13 @@ The tests are laid out by what they need, and each folder's tests carry its mark
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import shutil
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -130,6 +132,41 @@ def cli(*args: str, timeout: float = 600, **kwargs) -> subprocess.CompletedProce
         timeout=timeout,
         **kwargs,
     )
+
+
+def module(name: str, *args: str, timeout: float = 300, **kwargs) -> subprocess.CompletedProcess:
+    """`python -m NAME ARGS` (pipeline.status, pipeline.export, ...) from the repository root,
+    output captured."""
+    return subprocess.run(
+        [sys.executable, "-m", name, *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        **kwargs,
+    )
+
+
+@contextlib.contextmanager
+def lock_held(folder: Path) -> Iterator[subprocess.Popen]:
+    """Another process holding `folder`'s run lock, as a launcher does, until the block ends."""
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import time; from pathlib import Path; from pipeline.core.lock import run_lock\n"
+            f"with run_lock(Path({str(folder)!r})):\n    print('held', flush=True); time.sleep(60)",
+        ],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        yield holder
+    finally:
+        holder.kill()
+        holder.wait()
 
 
 def loss_curve(workdir: Path | str) -> dict[int, float]:

@@ -10,7 +10,9 @@ parallelism over all GPUs (sequence parallel), pipeline parallelism over all GPU
 where the layers allow), and TP=2 x PP=N/2 from 4 GPUs on. It prints, per layout, the median
 tokens/s per GPU after warm-up beside the throughput model's estimate for the same config on
 this host's GPU (pipeline.planning.throughput), the error, and the planner's breakdown. Data:
-the built-in corpus tokenized once with a 32k BPE (tools/bench_train.py), or --data.
+the built-in corpus tokenized once with a 32k BPE (tools/bench_train.py), or --data. Then it
+runs the multi-GPU tests of tests/gpu (their 2-GPU data and tensor parallel runs against one
+GPU's curve) unless --no-tests, and exits with their status.
 """
 
 from __future__ import annotations
@@ -141,6 +143,9 @@ def main() -> None:
     parser.add_argument("--sequences-per-gpu", type=int, default=32, help="global batch / GPUs")
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument(
+        "--no-tests", action="store_true", help="skip the multi-GPU tests of tests/gpu after"
+    )
     args = parser.parse_args()
 
     count, name = local_gpus()
@@ -171,6 +176,19 @@ def main() -> None:
                 f"{model:<10} {layout.name:<16} {measured:>10,.0f} {predicted:>10,.0f} "
                 f"{predicted / measured - 1:>+7.1%}  {breakdown_text(plan)}"
             )
+    if not args.no_tests:  # the same lease checks that several GPUs train as one does
+        tests = [
+            "-m",
+            "pytest",
+            "-m",
+            "gpu",
+            "tests/gpu",
+            "-k",
+            "two_gpus",
+            "-p",
+            "no:cacheprovider",
+        ]
+        sys.exit(subprocess.run([sys.executable, *tests], cwd=ROOT).returncode)
 
 
 if __name__ == "__main__":

@@ -5,6 +5,11 @@ from __future__ import annotations
 from pipeline.config.keys import Choice
 
 
+class DataFormat(Choice):
+    auto = "auto"  # JSONL records or Parquet/Arrow rows, told apart by content
+    text = "text"  # each file one document
+
+
 class Dedup(Choice):
     none = "none"
     exact = "exact"  # documents of the same text kept once in the whole corpus
@@ -82,3 +87,9 @@ class Executor(Choice):
     inprocess = "inprocess"  # cluster=local
     subprocess = "subprocess"  # cluster=local
     slurm = "slurm"  # cluster=slurm
+
+
+class WandbMode(Choice):
+    disabled = "disabled"
+    offline = "offline"  # files in the run folder, uploaded later with `wandb sync`
+    online = "online"

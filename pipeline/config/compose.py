@@ -104,7 +104,12 @@ def source(name: str, value: Any) -> SourceConfig:
     text_key = value.get("text_key")
     if text_key is not None and not isinstance(text_key, str):
         raise ConfigError(f"{key}.text_key: give a string, not {text_key!r}")
-    return SourceConfig(list(inputs), text_key, float(weight))
+    for optional in ("format", "where"):
+        if value.get(optional) is not None and not isinstance(value[optional], str):
+            raise ConfigError(f"{key}.{optional}: give a string, not {value[optional]!r}")
+    return SourceConfig(
+        list(inputs), text_key, float(weight), value.get("format"), value.get("where")
+    )
 
 
 Adjust = Callable[[PipelineConfig], PipelineConfig]

@@ -45,9 +45,12 @@ POSITIVE, FRACTION = Bound.POSITIVE, Bound.FRACTION
 class SourceConfig:
     """One source of a data mixture (data.sources.NAME)."""
 
-    inputs: list[str] = field(default_factory=list)  # JSONL / JSONL.gz globs
+    # globs of JSONL (plain, gzip, zstd), Parquet, Arrow files or datasets.save_to_disk folders
+    inputs: list[str] = field(default_factory=list)
     text_key: str | None = None  # None: data.text_key
     weight: float = 1.0  # share of the training samples drawn from it, relative to the others
+    format: str | None = None  # auto | text (each file one document); None: data.format
+    where: str | None = None  # Parquet/Arrow row filter ("language_score >= 0.9"); None: all
 
 
 @dataclass
@@ -56,8 +59,15 @@ class DataConfig:
     inputs: list[str] = key(
         MISSING,
         OUTPUT,
-        "JSONL / JSONL.gz globs of one source; empty: the built-in corpus",
+        "globs of one source (JSONL plain/gzip/zstd, Parquet, Arrow, datasets folders, text); "
+        "empty: the built-in corpus",
         common=True,
+    )
+    format: c.DataFormat = key(
+        c.DataFormat.auto, OUTPUT, "auto: records or rows, by content; text: a file a document"
+    )
+    where: str | None = key(
+        None, OUTPUT, "a row filter on Parquet/Arrow columns, e.g. 'language_score >= 0.9'"
     )
     # Untyped, as OmegaConf cannot add typed entries from the command line
     # (+data.sources.NAME={inputs:[GLOB],weight:W}); pipeline.config.compose checks each
@@ -361,6 +371,42 @@ class ClusterConfig:
 
 
 @dataclass
+class WandbConfig:
+    """Weights & Biases: the logging rank's metrics, the config and the results."""
+
+    # offline: compute nodes without internet; `wandb sync` from the login node uploads it
+    mode: c.WandbMode = key(
+        c.WandbMode.disabled,
+        NOT_SETTING,
+        "log to W&B; offline: files in the run folder",
+        common=True,
+    )
+    project: str = key("pipeline", NOT_SETTING, "the W&B project")
+    entity: str | None = key(None, NOT_SETTING, "the W&B team or user; none: the account's own")
+    group: str | None = key(None, NOT_SETTING, "runs shown together; none: a sweep's points")
+    tags: list[str] = key(role=NOT_SETTING, help="the W&B run's tags", factory=list)
+
+
+@dataclass
+class MlflowConfig:
+    """MLflow: what W&B receives, to an MLflow tracking store."""
+
+    enabled: bool = key(False, NOT_SETTING, "log the run to MLflow", common=True)
+    # a server (http://host:5000) or a store; none: a file store in the run folder (a sweep's
+    # points: in the sweep folder), read with `mlflow ui --backend-store-uri PATH`
+    tracking_uri: str | None = key(None, NOT_SETTING, "an MLflow server; none: WORKDIR/mlruns")
+    experiment: str = key("pipeline", NOT_SETTING, "the MLflow experiment")
+
+
+@dataclass
+class LoggingConfig:
+    """Experiment trackers, each optional: one that is off is never imported."""
+
+    wandb: WandbConfig = field(default_factory=WandbConfig)
+    mlflow: MlflowConfig = field(default_factory=MlflowConfig)
+
+
+@dataclass
 class PipelineConfig:
     workdir: str = command(MISSING, "the run folder", script=True, common=True)
     stages: list[str] = command(
@@ -377,3 +423,4 @@ class PipelineConfig:
     eval: EvalConfig = field(default_factory=EvalConfig)
     export: ExportConfig = field(default_factory=ExportConfig)
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)

@@ -14,11 +14,13 @@ import os
 import re
 from pathlib import Path
 
-from pipeline.config import derived, keys
+from pipeline.config import derived, inputs, keys
 from pipeline.config.keys import value_at
 from pipeline.config.schema import AUTO, STAGES, PipelineConfig
 from pipeline.config.split import Split
 from pipeline.core.errors import ConfigError
+
+_SECRET_NAME = re.compile(r"KEY|TOKEN|SECRET|PASSWORD|PASSWD", re.IGNORECASE)
 
 
 def _require(ok: bool, key: str, message: str) -> None:
@@ -168,21 +170,6 @@ def _validate_export(cfg: PipelineConfig) -> None:
     _require(cfg.export.shard_gb > 0, "export.shard_gb", "must be > 0")
 
 
-def _readable_files(pattern: str, key: str) -> list[str]:
-    """The files a glob of `key` names; none, or one that cannot be read, is a ConfigError."""
-    found = glob.glob(os.path.expanduser(pattern))
-    matches = [p for p in found if os.path.isfile(p)]
-    if not matches and found and all(os.path.isdir(p) for p in found):
-        raise ConfigError(
-            f"{key}: {pattern!r} is a folder; name its files with a glob ({pattern.rstrip('/')}"
-            "/*.jsonl, say)"
-        )
-    _require(bool(matches), key, f"{pattern!r} matches no file")
-    for path in matches:
-        _require(os.access(path, os.R_OK), key, f"{path} is not readable")
-    return [os.path.abspath(p) for p in matches]
-
-
 def _refuse_empty(paths: list[str], key: str) -> None:
     """Files that hold not one byte: found here, before a run folder is made for them."""
     if paths and all(os.path.getsize(p) == 0 for p in paths):
@@ -205,12 +192,13 @@ def _validate_sources(cfg: PipelineConfig) -> None:
         )
         _require(math.isfinite(source.weight) and source.weight > 0, f"{key}.weight", "must be > 0")
         _require(source.text_key != "", f"{key}.text_key", "must not be empty")
+        inputs.check_reading(key, source.format, source.where)
         if "tokenize" not in cfg.stages:
             continue  # the data is tokenized: its inputs are not read again
         _require(bool(source.inputs), f"{key}.inputs", "needs at least one glob")
         found = []
         for pattern in source.inputs:
-            for path in _readable_files(str(pattern), f"{key}.inputs"):
+            for path in inputs.readable_files(str(pattern), f"{key}.inputs"):
                 other = owner.setdefault(path, name)
                 _require(other == name, f"{key}.inputs", f"{path} is in data.sources.{other} too")
                 found.append(path)
@@ -221,6 +209,7 @@ def _validate_data(cfg: PipelineConfig) -> None:
     d = cfg.data
     _require(d.num_shards >= 1, "data.num_shards", "must be at least 1")
     _require(bool(d.text_key), "data.text_key", "must not be empty")
+    inputs.check_reading("data", d.format, d.where)
     _require(d.warn_epochs > 0, "data.warn_epochs", "must be > 0")
     _require(d.max_epochs > 0, "data.max_epochs", "must be > 0")
     fraction = d.max_reject_fraction
@@ -231,7 +220,7 @@ def _validate_data(cfg: PipelineConfig) -> None:
         _require("tokenize" not in cfg.stages, "stages", "drop tokenize when data.prepared is set")
     _validate_sources(cfg)
     if "tokenize" in cfg.stages and d.inputs:
-        found = [path for pattern in d.inputs for path in _readable_files(pattern, "data.inputs")]
+        found = [p for pattern in d.inputs for p in inputs.readable_files(pattern, "data.inputs")]
         _refuse_empty(found, "data.inputs")
     weights = Split.of(d.split).weights
     _require(weights[0] > 0, "data.split", "the training weight must be positive")
@@ -371,6 +360,10 @@ def _validate_script_values(cfg: PipelineConfig) -> None:
     for name in cfg.cluster.env:
         valid = bool(_ENV_NAME.fullmatch(str(name)))
         _require(valid, "cluster.env", f"{str(name)!r} is not an environment variable name")
+        # config.yaml, the job scripts and the trackers would hold it; jobs inherit the
+        # environment of the command that submits them
+        plain = not _SECRET_NAME.search(str(name))
+        _require(plain, f"cluster.env.{name}", "a secret? export it in the shell instead")
     for leaf in keys.leaves(cfg):
         if leaf.info is None or not leaf.info.script:
             continue

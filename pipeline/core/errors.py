@@ -22,3 +22,8 @@ class NonFinite(StageError):
 
 class RunLocked(RuntimeError):
     """Another launcher holds the run folder."""
+
+
+class Terminated(BaseException):
+    """SIGTERM outside training (a kill, a closing session): like Ctrl-C, it stops the command
+    at once, everything whole kept. A BaseException, so that no `except Exception` takes it."""

@@ -50,6 +50,16 @@ class RunPaths:
         return self.root / "jobs.json"
 
     @property
+    def sweep_point(self) -> Path:
+        """In a sweep point's run folder (<workdir>/sweep/<point>): its overrides."""
+        return self.root / "sweep_point.json"
+
+    @property
+    def tracking(self) -> Path:
+        """The tracker runs (W&B, MLflow) this run folder continues (pipeline.tracking)."""
+        return self.root / "tracking.json"
+
+    @property
     def logs(self) -> Path:
         return self.root / "logs"
 

@@ -72,16 +72,26 @@ class ShardWriter:
         self.document_indices = array("q", [0])  # int64 sequence index ending each document
         assert self.lengths.itemsize == 4 and self.document_indices.itemsize == 8
 
-    def add_documents(self, encoded: list[list[int]], eod: int) -> int:
-        """Append documents, eod-terminated, one sequence each; returns the tokens written."""
+    def add_documents(self, encoded: list, eod: int) -> int:
+        """Append documents (lists of ids, or numpy arrays for long ones), eod-terminated, one
+        sequence each; returns the tokens written."""
         tokens = array(self.typecode)
+        written = 0
         for ids in encoded:
-            tokens.fromlist(ids)
-            tokens.append(eod)
+            if isinstance(ids, np.ndarray):  # a long document: written as it is, no copy
+                self.bin.write(tokens)
+                written += len(tokens)
+                del tokens[:]
+                self.bin.write(ids.astype(self.typecode, copy=False))
+                tokens.append(eod)
+                written += len(ids)
+            else:
+                tokens.fromlist(ids)
+                tokens.append(eod)
             self.lengths.append(len(ids) + 1)
             self.document_indices.append(len(self.lengths))
         self.bin.write(tokens)
-        return len(tokens)
+        return written + len(tokens)
 
     def end_document(self) -> None:
         """An empty document (no sequence), as preprocess_data.py writes for one."""

@@ -1,4 +1,4 @@
-"""Reading documents from JSONL / JSONL.gz, streaming, with every bad record accounted for.
+"""Reading documents from JSONL (plain, gzip, zstd), Parquet, Arrow or text files, streaming, with every bad record accounted for.
 
 A bad record never stops the run (unless strict) and is never dropped silently: it is handed
 back as a `Reject` naming file:line and the reason, and the caller counts and logs it.
@@ -6,89 +6,71 @@ back as a `Reject` naming file:line and the reason, and the caller counts and lo
 
 from __future__ import annotations
 
-import functools
 import gzip
+import io
 import json
 import zlib
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
 from typing import BinaryIO
 
-from pipeline.core.errors import StageError
+from pipeline.core.errors import ConfigError, StageError
+from pipeline.data import formats
+from pipeline.data.documents import Document, Filtered, Reject, Span, where_key
 
 BOM = b"\xef\xbb\xbf"
 READ_CHUNK = 1 << 20
-
-
-@dataclass(frozen=True)
-class Span:
-    """A part of one input file: whole (gzip) or a byte range that a reader aligns to lines."""
-
-    path: str
-    start: int = 0
-    end: int | None = None  # None: to the end of the file
-    source: str | None = None  # the corpus source the file belongs to (pipeline.data.sources)
-
-
-@dataclass(frozen=True)
-class Document:
-    text: str
-    source_bytes: int
-
-
-@dataclass(frozen=True)
-class Reject:
-    path: str
-    line: int
-    reason: str
-    detail: str = ""
-
-    def where(self) -> str:
-        return f"{self.path}:{self.line}"
 
 
 class BadRecord(StageError):
     """Raised in strict mode: the first bad record, as one line naming file:line."""
 
 
-GZIP_MAGIC = b"\x1f\x8b"
-
-
-@functools.lru_cache(maxsize=65536)
-def is_gzip(path: str) -> bool:
-    """Whether the file is gzip-compressed, by its first bytes, whatever its name says: a
-    plain file named .gz is read as text, not dropped whole as a broken archive."""
-    with open(path, "rb") as f:
-        return f.read(2) == GZIP_MAGIC
-
-
-def misnamed(path: str) -> str | None:
-    """A warning for a file whose name says otherwise than its content, or None."""
-    named = path.endswith(".gz")
-    if named == is_gzip(path):
-        return None
-    actual = "plain text" if named else "gzip-compressed"
-    return f"{path} is {actual}, whatever its name says: read as {actual}"
-
-
-def _open(span: Span) -> BinaryIO:
-    if is_gzip(span.path):
-        return gzip.open(span.path, "rb")
+def _open(span: Span) -> tuple[BinaryIO, int, Callable[[int], bool]]:
+    """The span's bytes positioned at its first line, that line's offset, and whether a line
+    starting at an offset is still the span's. A plain file's range and a zstd span's frames
+    begin at the first line that starts inside them; a gzip file is read whole."""
+    found = formats.kind(span.path)
+    if found == "gzip":
+        return gzip.open(span.path, "rb"), 0, lambda _: True
+    if found == "zstd":
+        reader = formats.ZstdReader(span.path, span.start, span.end)
+        f = io.BufferedReader(reader, READ_CHUNK)
+        offset = 0
+        if span.start and not _frames_end_a_line(span.path, span.start):
+            offset = len(f.readline())  # the end of a line that began in the frames before
+        return f, offset, lambda at: reader.boundary is None or at < reader.boundary
     f = open(span.path, "rb")  # noqa: SIM115 (the caller closes it)
     if span.start:
         # A range starting mid-file begins at the first line that starts inside it.
         f.seek(span.start - 1)
         f.readline()
-    return f
+    return f, f.tell(), lambda at: span.end is None or at < span.end
+
+
+def _frames_end_a_line(path: str, start: int) -> bool:
+    """Whether the zstd frames before byte `start` end with a newline (decompressing only the
+    last of them)."""
+    previous = next((s for s, e in formats.zstd_frames_cached(path) if e == start), 0)
+    last = b"\n"
+    with io.BufferedReader(formats.ZstdReader(path, previous, start, False), READ_CHUNK) as f:
+        while chunk := f.read(READ_CHUNK):
+            last = chunk[-1:]
+    return last == b"\n"
 
 
 def _first_line_number(span: Span) -> int:
     """1-based line number of the first line read from `span` (counted only when needed)."""
-    if is_gzip(span.path) or span.start == 0:
+    found = formats.kind(span.path)
+    if found == "gzip" or span.start == 0:
         return 1
+    newlines = 1
+    if found == "zstd":  # the newlines of the frames before, and the line ending in this one
+        frames = formats.ZstdReader(span.path, 0, span.start, run_on=False)
+        with io.BufferedReader(frames, READ_CHUNK) as f:
+            newlines = sum(chunk.count(b"\n") for chunk in iter(lambda: f.read(READ_CHUNK), b""))
+        return newlines + (1 if _frames_end_a_line(span.path, span.start) else 2)
     # The reader skips to just past the first newline at or after byte start - 1: count the
     # newlines before that byte, plus that one.
-    newlines = 1
     with open(span.path, "rb") as f:
         remaining = span.start - 1
         while remaining > 0:
@@ -100,11 +82,12 @@ def _first_line_number(span: Span) -> int:
     return newlines + 1
 
 
-def _lines(f: BinaryIO, span: Span, max_bytes: int) -> Iterator[tuple[int, bytes | None]]:
-    """Yield (offset of the line, its bytes) for lines starting inside the span; None for a line
-    longer than max_bytes, which is skipped without holding it in memory."""
-    offset = f.tell() if not is_gzip(span.path) else 0
-    while span.end is None or offset < span.end:
+def _lines(
+    f: BinaryIO, offset: int, belongs: Callable[[int], bool], max_bytes: int
+) -> Iterator[tuple[int, bytes | None]]:
+    """Yield (offset of the line, its bytes) for the span's lines; None for a line longer than
+    max_bytes, which is skipped without holding it in memory."""
+    while belongs(offset):
         line = f.readline(max_bytes + 1)
         if not line:
             return
@@ -151,8 +134,64 @@ def _parse(raw: bytes, text_key: str) -> str | tuple[str, str]:
     return text
 
 
-def read(span: Span, text_key: str, max_document_bytes: int) -> Iterator[Document | Reject]:
-    """Stream the documents and rejects of one span, in file order."""
+TEXT = "text"  # data.format / data.sources.NAME.format: a whole file is one document
+TRUNCATED = (EOFError, zlib.error, gzip.BadGzipFile)
+
+
+def read(
+    span: Span,
+    text_key: str,
+    max_document_bytes: int,
+    fmt: str = "auto",
+    where: str | None = None,
+) -> Iterator[Document | Reject | Filtered]:
+    """Stream the documents and rejects of one span, in file order: records of JSONL (plain,
+    gzip or zstd), rows of Parquet and Arrow files (`where` selects them), or with fmt=text
+    the whole file as one document."""
+    found = formats.kind(span.path)
+    if where and found not in formats.COLUMNAR:
+        raise ConfigError(
+            f"{where_key(span)}: filters the rows of Parquet or Arrow files; {span.path} is "
+            f"{found} (JSONL): give that source no where"
+        )
+    if fmt == TEXT:
+        yield from _read_text(span, max_document_bytes)
+    elif found in formats.COLUMNAR:
+        from pipeline.data import columnar
+
+        yield from columnar.read(span, found, text_key, max_document_bytes, where)
+    else:
+        yield from _read_jsonl(span, text_key, max_document_bytes)
+
+
+def _read_text(span: Span, max_document_bytes: int) -> Iterator[Document | Reject]:
+    try:
+        with formats.open_bytes(span.path) as f:
+            raw = _read_at_most(f, max_document_bytes + 1)
+    except TRUNCATED as e:
+        yield Reject(span.path, 1, f"truncated_{formats.kind(span.path)}", str(e))
+        return
+    if len(raw) > max_document_bytes:
+        yield Reject(span.path, 1, "too_large", f"> {max_document_bytes} bytes")
+        return
+    try:
+        text = raw.removeprefix(BOM).decode("utf-8")
+    except UnicodeDecodeError as e:
+        yield Reject(span.path, 1, "invalid_utf8", str(e))
+        return
+    yield Document(text, len(raw)) if text else Reject(span.path, 1, "empty_text")
+
+
+def _read_at_most(f: BinaryIO, limit: int) -> bytes:
+    """Up to `limit` bytes, read in chunks (never a buffer of `limit` bytes asked for ahead)."""
+    chunks, size = [], 0
+    while size < limit and (chunk := f.read(min(READ_CHUNK * 16, limit - size))):
+        chunks.append(chunk)
+        size += len(chunk)
+    return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+
+def _read_jsonl(span: Span, text_key: str, max_document_bytes: int) -> Iterator[Document | Reject]:
     first_line: int | None = None
     index = -1
 
@@ -162,19 +201,28 @@ def read(span: Span, text_key: str, max_document_bytes: int) -> Iterator[Documen
             first_line = _first_line_number(span)
         return first_line + index
 
-    with _open(span) as f:
+    try:
+        f, offset, belongs = _open(span)
+    except TRUNCATED as e:  # inside the line that runs on from the frames before
+        yield Reject(
+            span.path, _first_line_number(span) - 1, f"truncated_{formats.kind(span.path)}", str(e)
+        )
+        return
+    with f:
         try:
-            for index, (_, raw) in enumerate(_lines(f, span, max_document_bytes)):  # noqa: B007
+            for index, (_, raw) in enumerate(_lines(f, offset, belongs, max_document_bytes)):  # noqa: B007
                 if raw is None:
                     yield Reject(
                         span.path, line_number(), "too_large", f"> {max_document_bytes} bytes"
                     )
                     continue
+                if not raw.endswith(b"\n") and getattr(f.raw, "cut_short", False):
+                    break  # ended by damage in the next span's frames, which reports it
                 parsed = _parse(raw, text_key)
                 if isinstance(parsed, tuple):
                     yield Reject(span.path, line_number(), *parsed)
                 else:
                     yield Document(parsed, len(raw))
-        except (EOFError, zlib.error, gzip.BadGzipFile) as e:
+        except TRUNCATED as e:
             index += 1
-            yield Reject(span.path, line_number(), "truncated_gzip", str(e))
+            yield Reject(span.path, line_number(), f"truncated_{formats.kind(span.path)}", str(e))

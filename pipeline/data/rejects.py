@@ -11,7 +11,7 @@ from pipeline.config import DataConfig
 from pipeline.core.errors import ConfigError, StageError
 from pipeline.core.paths import RunPaths
 from pipeline.data import sources
-from pipeline.data.records import Document, Span, read
+from pipeline.data.records import TEXT, Document, Reject, Span
 
 
 def refuse_rejects(data: DataConfig, markers: list[dict], paths: RunPaths) -> None:
@@ -26,7 +26,7 @@ def refuse_rejects(data: DataConfig, markers: list[dict], paths: RunPaths) -> No
         for path, counted in marker.get("inputs", {}).items():  # older markers: totals only
             per_file.setdefault(path, Counter()).update(counted)
     for path, counted in sorted(per_file.items()):
-        bad = {reason: n for reason, n in counted.items() if reason != "documents"}
+        bad = {r: n for r, n in counted.items() if r not in ("documents", "filtered")}
         if counted["documents"] == 0 and bad and data.max_reject_fraction < 1:
             key = _text_key(data, source_of.get(path))
             rejects = paths.data_dir / "rejects"
@@ -53,15 +53,17 @@ def refuse_unreadable_inputs(data: DataConfig, paths: RunPaths, records: int = 1
     accepts any loss, this one too."""
     if data.max_reject_fraction >= 1 or not (data.inputs or data.sources):
         return  # any loss accepted; the built-in corpus
-    text_keys = {s.name: s.text_key for s in sources.of(data)}
+    reading = sources.by_name(data)
     for name, path in sources.files(paths, data):
+        if reading[name].format == TEXT:
+            continue  # a file is one document, read whole: verify judges these files
         bad: Counter = Counter()
-        for item in itertools.islice(
-            read(Span(path), text_keys[name], data.max_document_bytes), records
-        ):
+        read = reading[name].read(Span(path, source=name), data.max_document_bytes)
+        for item in itertools.islice(read, records):
             if isinstance(item, Document):
                 break
-            bad[item.reason] += 1
+            if isinstance(item, Reject):
+                bad[item.reason] += 1
         else:
             if bad:
                 key = _text_key(data, name)

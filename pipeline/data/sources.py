@@ -8,15 +8,17 @@ one kept (data.dedup).
 
 from __future__ import annotations
 
-import glob
 import os
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from pipeline.config import DataConfig
+from pipeline.config import DataConfig, inputs
 from pipeline.core.errors import ConfigError
 from pipeline.core.paths import RunPaths
+from pipeline.data import records
+from pipeline.data.records import Document, Filtered, Reject, Span
 
 SINGLE = "corpus"  # the name of the one source of data.inputs
 NAME = re.compile(r"^[a-z0-9][a-z0-9_-]{0,63}$")  # a file and metric name, on any filesystem
@@ -28,16 +30,33 @@ class Source:
     inputs: tuple[str, ...]  # globs; empty: the built-in corpus
     text_key: str
     weight: float
+    format: str = "auto"  # auto | text (pipeline.data.records.read)
+    where: str | None = None  # a row filter on Parquet/Arrow columns
+
+    def read(self, span: Span, max_document_bytes: int) -> Iterator[Document | Reject | Filtered]:
+        """The documents, rejects and filtered-out rows of a span of one of this source's files."""
+        return records.read(span, self.text_key, max_document_bytes, self.format, self.where)
 
 
 def of(data: DataConfig) -> list[Source]:
     """The configured sources, in name order."""
     if not data.sources:
-        return [Source(SINGLE, tuple(data.inputs), data.text_key, 1.0)]
+        return [Source(SINGLE, tuple(data.inputs), data.text_key, 1.0, data.format, data.where)]
     return [
-        Source(name, tuple(s.inputs), s.text_key or data.text_key, float(s.weight))
+        Source(
+            name,
+            tuple(s.inputs),
+            s.text_key or data.text_key,
+            float(s.weight),
+            s.format or data.format,
+            s.where,
+        )
         for name, s in sorted(data.sources.items())
     ]
+
+
+def by_name(data: DataConfig) -> dict[str, Source]:
+    return {s.name: s for s in of(data)}
 
 
 def weights(data: DataConfig) -> dict[str, float]:
@@ -48,9 +67,9 @@ def weights(data: DataConfig) -> dict[str, float]:
 
 
 def matches(pattern: str) -> list[str]:
-    """The readable files a glob names, as absolute paths."""
-    found = glob.glob(os.path.expanduser(pattern))
-    return [os.path.abspath(p) for p in found if os.path.isfile(p)]
+    """The readable files a glob names (a saved `datasets` folder: its Arrow files), as
+    absolute paths."""
+    return [os.path.abspath(p) for p in inputs.expand(pattern)[0]]
 
 
 def files(paths: RunPaths, data: DataConfig) -> list[tuple[str, str]]:
@@ -86,12 +105,29 @@ def corpus_settings(paths: RunPaths, data: DataConfig) -> dict:
     largest document. A corpus of one source is described as in earlier versions, so that its
     tokenizer stays valid."""
     builtin = not data.inputs and not data.sources
-    described = {s.name: {"inputs": {}, "text_key": s.text_key} for s in of(data)}
+    described = {s.name: {"inputs": {}, "text_key": s.text_key, **_reading(s)} for s in of(data)}
     for name, path in files(paths, data):
         size = data.builtin_corpus_bytes if builtin else os.path.getsize(path)
         described[name]["inputs"][portable(path, paths.root)] = size
     limit = {"data.max_document_bytes": data.max_document_bytes}
     if not data.sources:
         single = described[SINGLE]
-        return {"data.inputs": single["inputs"], "data.text_key": single["text_key"], **limit}
+        reading = {f"data.{k}": v for k, v in _reading(of(data)[0]).items()}
+        return {
+            "data.inputs": single["inputs"],
+            "data.text_key": single["text_key"],
+            **reading,
+            **limit,
+        }
     return {"data.sources": described, **limit}
+
+
+def _reading(source: Source) -> dict:
+    """How a source's files are read, where not as by default (so earlier runs keep their
+    tokenizer's fingerprint)."""
+    found: dict = {}
+    if source.format != "auto":
+        found["format"] = source.format
+    if source.where is not None:
+        found["where"] = source.where
+    return found

@@ -29,7 +29,8 @@ from pipeline.config import DataConfig, PipelineConfig
 from pipeline.core import files, log, provenance
 from pipeline.core.paths import RunPaths
 from pipeline.data import corpus, shards, sources
-from pipeline.data.records import BadRecord, Document, Reject, Span, read
+from pipeline.data.pieces import PieceEncoder
+from pipeline.data.records import BadRecord, Document, Filtered, Reject, Span
 from pipeline.data.split_files import FileRecord, OneFile, SplitFiles
 from pipeline.data.splits import Splitter, digest
 from pipeline.data.tokenizer import load
@@ -67,17 +68,22 @@ class Batch:
 
 
 def _batches(
-    spans: list[Span], data: DataConfig, text_keys: dict, per_input: dict[str, Counter]
+    spans: list[Span], data: DataConfig, per_input: dict[str, Counter], filtered: Counter
 ) -> Iterator[Batch]:
     batch = Batch(None, [], [])
+    reading = sources.by_name(data)
+    default = sources.Source(sources.SINGLE, (), data.text_key, 1.0, data.format, data.where)
     for span in spans:
         if span.source != batch.source:
             if batch.items:
                 yield batch
             batch = Batch(span.source, [], [])
-        key = text_keys.get(span.source, data.text_key)
         read_here = per_input[span.path]
-        for item in read(span, key, data.max_document_bytes):
+        for item in reading.get(span.source, default).read(span, data.max_document_bytes):
+            if isinstance(item, Filtered):
+                read_here["filtered"] += item.rows
+                filtered[span.source] += item.rows
+                continue
             batch.items.append(item)
             read_here["documents" if isinstance(item, Document) else item.reason] += 1
             if isinstance(item, Document):
@@ -112,15 +118,18 @@ def _prefetched(it: Iterator, depth: int = 2) -> Iterator:
         yield item
 
 
-def _encoded(batches: Iterator[Batch], sp, threads: int) -> Iterator[tuple[Batch, list[list[int]]]]:
+def _encoded(
+    batches: Iterator[Batch], encoder: PieceEncoder, threads: int
+) -> Iterator[tuple[Batch, list]]:
     """(batch, token ids of its documents), in input order. Each thread encodes whole batches
     (sentencepiece releases the GIL), so a long document holds up one thread, not all of them,
-    and the cores keep encoding while this thread writes; a few batches in flight bound memory."""
+    and the cores keep encoding while this thread writes; a few batches in flight, and long
+    documents encoded in pieces (pipeline.data.pieces), bound memory."""
     with ThreadPoolExecutor(threads, thread_name_prefix="encode") as pool:
         pending: deque = deque()
         for batch in batches:
             texts = [item.text for item in batch.items if isinstance(item, Document)]
-            pending.append((batch, pool.submit(sp.encode, texts, num_threads=1)))
+            pending.append((batch, pool.submit(encoder.encode, texts)))
             if len(pending) > 2 * threads:
                 head, future = pending.popleft()
                 yield head, future.result()
@@ -135,7 +144,7 @@ Sink = SplitFiles | OneFile
 def _write_batch(
     sink: Sink,
     batch: Batch,
-    encoded: list[list[int]],
+    encoded: list,
     eod: int,
     strict: bool,
     stats: Counter,
@@ -149,7 +158,7 @@ def _write_batch(
         if isinstance(item, Document):
             ids = next(next_ids)
             stats["bytes_in"] += item.source_bytes
-            if ids:
+            if len(ids):
                 sink.route(batch.source, text_digest).add(ids, text_digest)
                 stats["documents"] += 1
                 stats["tokens"] += len(ids) + 1  # and the end-of-document token
@@ -184,6 +193,7 @@ class Counts:
     # by input file: "documents" read (tokens or not), and bad records by reason, so that a
     # file none of whose records is a document is found (pipeline.data.verify)
     per_input: dict[str, Counter] = field(default_factory=lambda: defaultdict(Counter))
+    filtered: Counter = field(default_factory=Counter)  # rows a source's `where` left out
 
     def total(self, name: str) -> int:
         return sum(c[name] for c in list(self.stats.values()))  # read by _LogProgress too
@@ -203,7 +213,6 @@ def encode_spans(
     from tqdm import tqdm
 
     threads = max(1, threads)
-    text_keys = {s.name: s.text_key for s in sources.of(data)}
     counts = Counts()
     started = time.time()
     progress = tqdm(
@@ -219,8 +228,8 @@ def encode_spans(
         def log(item: Reject) -> None:
             rej_out.write(json.dumps(item.__dict__) + "\n")
 
-        batches = _prefetched(_batches(spans, data, text_keys, counts.per_input))
-        for batch, encoded in _encoded(batches, sp, threads):
+        batches = _prefetched(_batches(spans, data, counts.per_input, counts.filtered))
+        for batch, encoded in _encoded(batches, PieceEncoder(sp), threads):
             stats, rejected = counts.stats[batch.source], counts.rejected[batch.source]
             documents = stats["documents"]
             _write_batch(sink, batch, encoded, sp.eos_id(), data.strict, stats, rejected, log)
@@ -291,6 +300,7 @@ class SourceCounts(TypedDict):
     tokens: int
     bytes_in: int
     rejected: dict[str, int]
+    filtered: int  # Parquet/Arrow rows its `where` left out
 
 
 class ShardRecord(TypedDict):
@@ -339,6 +349,7 @@ def tokenize_shard(
             "tokens": counts.stats[name]["tokens"],
             "bytes_in": counts.stats[name]["bytes_in"],
             "rejected": dict(counts.rejected[name]),
+            "filtered": counts.filtered[name],
         }
         for name in names
     }

@@ -22,7 +22,7 @@ from pipeline.core import files, provenance
 from pipeline.core.errors import StageError
 from pipeline.core.paths import RunPaths
 from pipeline.data import sources
-from pipeline.data.records import Document, Span, read
+from pipeline.data.records import Document, Reject, Span
 from pipeline.data.sources import corpus_settings
 
 
@@ -218,12 +218,12 @@ def provide(cfg: PipelineConfig, made_from: dict) -> TokenizerRecord:
 def _documents(paths: RunPaths, cfg: PipelineConfig, rejected: Counter) -> Iterator[str]:
     """Every document of every source, in corpus order; bad records counted by reason."""
     d = cfg.data
-    text_keys = {s.name: s.text_key for s in sources.of(d)}
+    reading = sources.by_name(d)
     for name, path in sources.files(paths, d):
-        for item in read(Span(path), text_keys[name], d.max_document_bytes):
+        for item in reading[name].read(Span(path, source=name), d.max_document_bytes):
             if isinstance(item, Document):
                 yield item.text
-            else:
+            elif isinstance(item, Reject):
                 rejected[item.reason] += 1
 
 

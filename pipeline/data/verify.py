@@ -110,11 +110,12 @@ def _source_record(name: str, markers: list[dict], removed: dict, read: dict) ->
         own = marker["sources"].get(name)
         if own:
             counts.update({k: own[k] for k in ("documents", "no_token_documents", "tokens")})
-            counts.update({"bytes_in": own["bytes_in"]})
+            counts.update({"bytes_in": own["bytes_in"], "filtered": own.get("filtered", 0)})
             rejected.update(own["rejected"])
     return {
         **{k: counts[k] for k in ("documents", "no_token_documents", "tokens", "bytes_in")},
         "rejected": dict(rejected),
+        "filtered": counts["filtered"],  # Parquet/Arrow rows the source's `where` left out
         "duplicates": {
             "documents": removed["documents"][name],
             "tokens": removed["tokens"][name],
@@ -178,6 +179,7 @@ def verify(cfg: PipelineConfig, made_from: dict) -> Manifest:
                 for k in ("documents", "no_token_documents", "tokens", "bytes_in")
             },
             "rejected": dict(rejected),
+            "filtered": sum(r["filtered"] for r in described.values()),
             "duplicates": {k: sum(removed[k].values()) for k in ("documents", "tokens")},
             "split_documents": {
                 s: sum(r["split_documents"][s] for r in described.values()) for s in SPLITS

@@ -1,7 +1,8 @@
 """The evaluation: loss and perplexity of a checkpoint (the best, by default) on the
 held-out test split and on the extra sets (see pipeline.data.evalsets for what is measured), the
 test loss of every checkpoint kept (eval.all_checkpoints), text samples, lm-evaluation-harness
-tasks, then the report. eval/DONE.json is written last."""
+tasks, then the report. eval/DONE.json is written last, then the trackers of logging.* receive
+the results and the report."""
 
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ from pipeline.evaluation import harness
 from pipeline.evaluation.generate import continuation
 from pipeline.reporting.report import write_report
 from pipeline.runtime.device import resolve_device
+from pipeline.tracking.trackers import Trackers
 from pipeline.training import checkpoint
 from pipeline.training.engine import Engine
 
@@ -203,4 +205,7 @@ def evaluate(cfg: PipelineConfig, made_from: dict) -> EvaluationRecord:
             )
         write_report(paths, result)
         files.write_json(paths.eval_done, result)  # last: the marker of a complete evaluation
+        trackers = Trackers.open(cfg, paths)  # the training's tracker run, continued
+        trackers.results(result)
+        trackers.finish()
     return result

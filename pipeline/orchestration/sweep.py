@@ -43,7 +43,7 @@ def point_config(cfg: PipelineConfig) -> PipelineConfig:
 
 def record_point(paths: RunPaths) -> None:
     """sweep_point.json: the point's overrides, which the sweep's table shows beside it."""
-    files.write_json(paths.root / "sweep_point.json", {"overrides": list(overrides())})
+    files.write_json(paths.sweep_point, {"overrides": list(overrides())})
 
 
 def overrides() -> list[str]:

@@ -1,5 +1,6 @@
-"""What training logs: train/metrics.jsonl and TensorBoard (the logging rank alone), the
-throughput with Megatron-LM's FLOP formula, and the console line of a logged step."""
+"""What training logs: train/metrics.jsonl, TensorBoard and the experiment trackers (the
+logging rank alone), the throughput with Megatron-LM's FLOP formula, and the console line of a
+logged step."""
 
 from __future__ import annotations
 
@@ -7,17 +8,22 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from pipeline.config import PipelineConfig
 from pipeline.core import files
 from pipeline.core.paths import RunPaths
+from pipeline.tracking.trackers import Trackers
 
 
 class MetricsLog:
     """One JSON record a line (training steps, validations, resumes), mirrored to
-    TensorBoard. Every rank holds one; only the logging rank's writes anything."""
+    TensorBoard and the enabled trackers. Every rank holds one; only the logging rank's writes
+    anything. Records come at train.log_interval, validations and saves, never every step; the
+    trackers queue them (W&B's service process, MLflow's asynchronous batches)."""
 
-    def __init__(self, paths: RunPaths, enabled: bool) -> None:
+    def __init__(self, paths: RunPaths, enabled: bool, cfg: PipelineConfig | None = None) -> None:
         self.paths, self.enabled = paths, enabled
         self.writer = None
+        self.trackers = Trackers.open(cfg, paths) if enabled and cfg else Trackers([], paths)
 
     def keep_until(self, step: int) -> None:
         """Keep the records of the steps up to `step`, the one this attempt starts from: a
@@ -55,10 +61,15 @@ class MetricsLog:
             for key, value in record.items():
                 if key != "step" and isinstance(value, (int, float)):
                     self.writer.add_scalar(key, value, record["step"])
+        self.trackers.log(record)
 
-    def close(self) -> None:
+    def close(self, finished: bool = False) -> None:
+        """Flush and close; `finished`: the report is written, send it to the trackers (jobs
+        of one rank; with more, the logging rank is not the one that wrote it, and the
+        evaluation sends it)."""
         if self.writer is not None:
             self.writer.close()
+        self.trackers.finish(artifacts=finished)
 
 
 @dataclass(frozen=True)

@@ -22,6 +22,7 @@ WARNINGS = (signal.SIGUSR1, signal.SIGUSR2)  # the time-limit warning, as the jo
 STOPS = (signal.SIGTERM, signal.SIGINT)  # someone stopping the run: save, and stay stopped
 SIGNALS = (*WARNINGS, *STOPS)
 _received: set[int] = set()
+_before: dict[int, object] = {}  # the stop signals' handlers before training listened
 
 
 def _record(signum, frame) -> None:
@@ -34,7 +35,9 @@ def listen() -> None:
     """From now on, record the stop signals in this process instead of dying of them. The
     handler only sets a flag, so it replaces the launcher's own (which would exit mid-step)."""
     for sig in SIGNALS:
-        signal.signal(sig, _record)
+        previous = signal.signal(sig, _record)
+        if sig in STOPS and previous is not _record:
+            _before[sig] = previous
 
 
 class StopRequest:
@@ -52,10 +55,12 @@ class StopRequest:
         """The run is over: a time-limit warning from now on (the job ending near its limit)
         has nothing left to save. Ignored, it cannot kill the exiting process once Python has
         put the default handlers back, which Slurm would count as a failed job and so never
-        start the evaluation chained after it. Ctrl-C interrupts again from now on."""
+        start the evaluation chained after it. Ctrl-C and SIGTERM interrupt again from now on."""
         for sig in WARNINGS:
             signal.signal(sig, signal.SIG_IGN)
         signal.signal(signal.SIGINT, signal.default_int_handler)
+        # SIGTERM stops what comes after (an evaluation in the same process) as it did before
+        signal.signal(signal.SIGTERM, _before.get(signal.SIGTERM, signal.SIG_DFL))
 
     def agreed(self, device: torch.device) -> bool:
         return distributed.any_rank(bool(_received), device)

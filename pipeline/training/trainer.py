@@ -91,7 +91,7 @@ class Trainer(Engine):
             )
         self.optimizer = self.backend.optimizer(self.chunks, cfg)
         self.scheduler = lr_scheduler(self.optimizer, cfg.train)
-        self.metrics = MetricsLog(self.paths, self.is_logger)
+        self.metrics = MetricsLog(self.paths, self.is_logger, cfg)
         t = cfg.train
         self.saver = CheckpointSaver(
             self.paths.checkpoints, self.backend, t.keep_last, t.async_save, t.max_failed_saves
@@ -360,6 +360,7 @@ class Trainer(Engine):
                 progress.phase("save")
                 self._saved(self.saver.wait(last=True))
                 self.saver.close()
+                self.metrics.close()
                 requeue = stop.continues(self.device)
                 signals = ", ".join(signal.Signals(s).name for s in sorted(stop.received))
                 leaving = "exiting for requeue" if requeue else "exiting"
@@ -370,8 +371,8 @@ class Trainer(Engine):
         progress.phase("finish")
         self._saved(self.saver.wait(last=True))
         self.saver.close()
-        self.metrics.close()
         result = self._finish()
+        self.metrics.close(finished=self.rank.is_first)  # the report, where _finish wrote it
         stop.ignore_warnings()
         return result
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from pipeline.core.paths import RunPaths
-from tests.conftest import ROOT, SMALL_SERIAL, cli
+from tests.conftest import ROOT, SMALL_SERIAL, cli, module
 
 OLD_RUN = Path(__file__).parent / "run_of_0.2"  # plan, markers, manifest and runs.jsonl of 0.2
 
@@ -141,13 +141,7 @@ def test_a_mixture_runs_sources_are_settings_of_a_rerun_without_naming_the_mixtu
     assert refused.stderr.count("\n") == 1 and "not a setting" not in refused.stderr
     assert refused.stderr.startswith("error: ") and "data.sources" in refused.stderr
     assert (workdir / "runs.jsonl").read_text() == before
-    status = subprocess.run(
-        [sys.executable, "-m", "pipeline.status", f"workdir={workdir}", change],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    status = module("pipeline.status", f"workdir={workdir}", change, timeout=120)
     said = status.stdout + status.stderr
     assert status.returncode in (1, 2) and "not a setting" not in said, said
     assert "REFUSED" in status.stdout or status.stderr == refused.stderr, said

@@ -144,8 +144,17 @@ def test_a_stop_signal_in_training_saves_stops_the_chain_and_the_rerun_resumes(
     assert loss_curve(workdir) == loss_curve(clean)
 
 
-def test_ctrl_c_outside_training_is_one_line_and_the_rerun_completes(tmp_path):
-    """Ctrl-C while tokenizing stops at once, in one line (exit 130), keeping what is whole."""
+@pytest.mark.parametrize(
+    ("sent", "code", "said"),
+    [
+        (signal.SIGINT, 130, "interrupted (Ctrl-C)"),
+        (signal.SIGTERM, 143, "terminated (SIGTERM)"),
+    ],
+)
+def test_a_stop_signal_outside_training_is_one_line_and_the_rerun_completes(
+    tmp_path, sent, code, said
+):
+    """Ctrl-C or SIGTERM while tokenizing stops at once, in one line, keeping what is whole."""
     rng = random.Random(0)
     words = [
         "".join(rng.choices("abcdefghijklmnopqrstuvwxyz", k=rng.randint(2, 9))) for _ in range(5000)
@@ -166,11 +175,11 @@ def test_ctrl_c_outside_training_is_one_line_and_the_rerun_completes(tmp_path):
     seen = ""
     while "tokenize: running" not in seen and proc.poll() is None:
         seen += proc.stderr.readline()
-    proc.send_signal(signal.SIGINT)
+    proc.send_signal(sent)
     rest = proc.communicate(timeout=120)[1]
-    assert proc.returncode == 130, seen + rest
+    assert proc.returncode == code, seen + rest
     assert (seen + rest).endswith(
-        "error: interrupted (Ctrl-C): complete outputs are kept; rerun the same command to go on\n"
+        f"error: {said}: complete outputs are kept; rerun the same command to go on\n"
     )
     assert "Traceback" not in rest
     rerun = cli(*args)

@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.conftest import ROOT, SMALL, SMALL_SERIAL
+from tests.conftest import ROOT, SMALL, SMALL_SERIAL, cli, lock_held
 
 
 def pipeline(*args: str) -> subprocess.CompletedProcess:
@@ -105,29 +105,8 @@ def test_subprocess_executor_runs_the_array_and_two_gloo_ranks(tmp_path):
 
 
 def test_a_second_launcher_on_the_same_workdir_refuses_and_names_the_holder(tmp_path):
-    holder = subprocess.Popen(
-        [
-            sys.executable,
-            "-c",
-            "import sys, time; from pathlib import Path; from pipeline.core.lock import run_lock\n"
-            f"with run_lock(Path({str(tmp_path)!r})):\n    print('held', flush=True); time.sleep(60)",
-        ],
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        assert holder.stdout.readline().strip() == "held"
-        result = subprocess.run(
-            [sys.executable, "-m", "pipeline", "cluster=local", f"workdir={tmp_path}", *SMALL],
-            cwd=ROOT,
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
-    finally:
-        holder.kill()
-        holder.wait()
+    with lock_held(tmp_path) as holder:
+        result = cli(f"workdir={tmp_path}", *SMALL, timeout=120)
     assert result.returncode == 3
     assert result.stderr.strip().startswith(
         f"error: workdir {tmp_path} is in use by pid {holder.pid}"

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT, SMALL_SERIAL, cli
+from tests.conftest import SMALL_SERIAL, cli, module
 
 VENV_BIN = str(Path(sys.executable).parent)  # python and its tools; no Slurm command
 
@@ -34,13 +34,7 @@ def test_a_workdir_that_is_a_file_or_under_one_is_refused(tmp_path):
 
 
 def export(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "pipeline.export", *args],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    return module("pipeline.export", *args)
 
 
 @pytest.fixture(scope="module")

@@ -9,13 +9,12 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from pipeline.core.paths import RunPaths
-from tests.conftest import ROOT, SMALL_SERIAL, cli, loss_curve
+from tests.conftest import SMALL_SERIAL, cli, lock_held, loss_curve, module
 
 SPLIT = "data.split='80,10,10'"  # not the default: a rerun that forgets it must not re-cut
 
@@ -128,13 +127,7 @@ def test_a_continued_training_drops_the_evaluation_of_the_earlier_model_from_the
 
 
 def status(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "pipeline.status", *args],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    return module("pipeline.status", *args, timeout=120)
 
 
 def test_status_says_what_each_step_was_made_from_and_why_one_failed(run, tmp_path):
@@ -161,23 +154,8 @@ def test_status_names_the_step_a_live_launcher_runs_and_its_pid(run):
     the first step it has not completed is RUNNING with its pid, not 'run make pretrain',
     which would be refused; once it is gone the step is what its outputs say."""
     (run / "eval" / "DONE.json").unlink()
-    holder = subprocess.Popen(
-        [
-            sys.executable,
-            "-c",
-            "import time; from pathlib import Path; from pipeline.core.lock import run_lock\n"
-            f"with run_lock(Path({str(run)!r})):\n    print('held', flush=True); time.sleep(60)",
-        ],
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        assert holder.stdout.readline().strip() == "held"
+    with lock_held(run) as holder:
         live = status(f"workdir={run}")
-    finally:
-        holder.kill()
-        holder.wait()
     assert live.returncode == 0, live.stderr
     row = next(x for x in live.stdout.splitlines() if x.strip().startswith("evaluate"))
     assert row.split()[1] == "RUNNING" and f"pid {holder.pid} on " in row, live.stdout

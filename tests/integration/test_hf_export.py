@@ -214,29 +214,3 @@ def test_a_model_with_no_transformers_equivalent_is_refused_in_one_line(llama_ru
     gqa_gpt2 = make_config(llama_run.workdir, *SMALL, *GPT2_SHAPE[:-3], "model.num_query_groups=2")
     with pytest.raises(ConfigError, match=r"^model.num_query_groups=2: GPT2LMHeadModel"):
         architecture(gqa_gpt2.model)
-
-
-def test_the_perplexity_tool_measures_the_evaluations_perplexity(llama_run):
-    """tools/hf_perplexity.py, the H200 check's instrument, on the CPU in fp32: transformers
-    scores the test split's windows as the evaluation did."""
-    import json
-    import subprocess
-    import sys
-
-    from pipeline.evaluation.steps import EVALUATE
-    from tests.conftest import ROOT
-
-    EVALUATE.run(llama_run)
-    EXPORT.run(llama_run)
-    result = subprocess.run(
-        [sys.executable, "tools/hf_perplexity.py", f"--workdir={llama_run.workdir}"]
-        + ["--dtype=fp32", "--device=cpu", "--tolerance=1e-4"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert result.returncode == 0, result.stdout + result.stderr[-3000:]
-    measured = json.loads(result.stdout)
-    assert measured["transformers_test_tokens"] == measured["pipeline_test_tokens"] > 0
-    assert abs(measured["ppl_relative_difference"]) <= 1e-4
