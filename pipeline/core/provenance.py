@@ -5,12 +5,21 @@ config asks for now and skips, continues, redoes or refuses (pipeline.orchestrat
 
     made_from = {"settings": {"tokenizer.vocab_size": 512, ...},   # dotted config keys
                  "inputs": {"tokenizer": "3f9c...", ...}}          # fingerprints of inputs
+
+A key a record does not name (one added to the schema after the output was made) is compared
+as its schema default: a new key whose default does what earlier versions did never makes an
+old output look changed, while any other value of it does.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import enum
+import functools
 import hashlib
 import json
+import types
+from collections.abc import Mapping
 from typing import Any
 
 MadeFrom = dict[str, dict[str, Any]]
@@ -29,16 +38,48 @@ def fingerprint(record: MadeFrom) -> str:
 ABSENT = "(absent)"
 
 
-def differences(recorded: MadeFrom, now: MadeFrom) -> list[tuple[str, Any, Any]]:
+def defaults(schema: Any) -> Mapping[str, Any]:
+    """The schema default of each dotted key of a dataclass config (a class or an instance of
+    it): each field's default, section by section (a field made by a dataclass is a section)."""
+    return _defaults(schema if isinstance(schema, type) else type(schema))
+
+
+@functools.cache
+def _defaults(schema: type) -> Mapping[str, Any]:
+    found: dict[str, Any] = {}
+    for field in dataclasses.fields(schema):
+        make = field.default_factory
+        if dataclasses.is_dataclass(make):
+            found.update({f"{field.name}.{k}": v for k, v in _defaults(make).items()})
+        elif field.default is not dataclasses.MISSING:
+            default = field.default
+            found[field.name] = default.value if isinstance(default, enum.Enum) else default
+        elif make is not dataclasses.MISSING:
+            found[field.name] = make()
+    return types.MappingProxyType(found)
+
+
+def differences(
+    recorded: MadeFrom, now: MadeFrom, default: Mapping[str, Any] | None = None
+) -> list[tuple[str, Any, Any]]:
     """(key, recorded value, value now) for each setting or input that differs; an input is
     named by its step ("input tokenizer"). A setting that is a mapping (data.sources) is
-    compared entry by entry, so the key names what changed (data.sources.prose.text_key)."""
+    compared entry by entry, so the key names what changed (data.sources.prose.text_key). A
+    setting the record does not name is compared as its `default` (`defaults(cfg)`), if any."""
     found = []
     for part, label in (("settings", ""), ("inputs", "input ")):
         old, new = recorded.get(part, {}), now.get(part, {})
+        given = default if part == "settings" and default is not None else {}
         for key in sorted(set(old) | set(new)):
-            found.extend(_leaves(f"{label}{key}", old.get(key, ABSENT), new.get(key, ABSENT)))
+            was = old.get(key, given.get(key, ABSENT))
+            found.extend(_leaves(f"{label}{key}", was, new.get(key, ABSENT)))
     return found
+
+
+def same(recorded: MadeFrom, now: MadeFrom, default: Mapping[str, Any] | None = None) -> bool:
+    """The record says the output was made from what `now` asks for (keys it does not name
+    taken as their `default`)."""
+    return recorded == now or not differences(recorded, now, default)
 
 
 def _leaves(key: str, old: Any, new: Any) -> list[tuple[str, Any, Any]]:

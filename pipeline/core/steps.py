@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pipeline.core import files
+from pipeline.core import files, provenance
 
 
 class Placement(enum.Enum):
@@ -78,6 +78,16 @@ class Step(abc.ABC):
         refused unless a step says otherwise (it would be lost or mislabelled)."""
         return Change.REFUSE
 
+    def fingerprint(self, cfg: Any) -> str:
+        """What the steps after it record of this step's output: the fingerprint of the record
+        its output holds where that is what the config asks for now (written before a key
+        with its default existed, say), else that of what it would be made from now."""
+        now = self.made_from(cfg)
+        recorded = self.recorded(cfg)
+        if recorded and provenance.same(recorded, now, provenance.defaults(cfg)):
+            return provenance.fingerprint(recorded)
+        return provenance.fingerprint(now)
+
 
 class ArrayStep(Step):
     """A step of independent tasks (Placement.ARRAY); `run` does them all, one after another."""
@@ -123,7 +133,10 @@ class MarkedStep(Step):
         return self.marked(cfg)
 
     def is_complete(self, cfg: Any) -> bool:
-        return self.marked(cfg) == self.made_from(cfg)
+        marked = self.marked(cfg)
+        return bool(marked) and provenance.same(
+            marked, self.made_from(cfg), provenance.defaults(cfg)
+        )
 
     def run(self, cfg: Any) -> Any:
         if self.is_complete(cfg):

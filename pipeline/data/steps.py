@@ -65,8 +65,7 @@ class TokenizeStep(ArrayStep):
             "data.split": d.split,  # each document's split is decided as it is written
             "data.split_seed": d.split_seed,
         }
-        made = TOKENIZER.made_from(cfg)
-        return provenance.made_from(settings, tokenizer=provenance.fingerprint(made))
+        return provenance.made_from(settings, tokenizer=TOKENIZER.fingerprint(cfg))
 
     def recorded(self, cfg: PipelineConfig) -> MadeFrom | None:
         paths = data_paths(cfg)
@@ -87,7 +86,7 @@ class TokenizeStep(ArrayStep):
     def is_complete(self, cfg: PipelineConfig) -> bool:
         paths = data_paths(cfg)
         planned = shards.planned_count(paths)
-        made = provenance.fingerprint(self.made_from(cfg))
+        made = self.fingerprint(cfg)
         return planned is not None and all(
             tokenize.is_shard_complete(paths, i, made) for i in range(planned)
         )
@@ -105,9 +104,7 @@ class VerifyStep(MarkedStep):
     def made_from(self, cfg: PipelineConfig) -> MadeFrom:
         d = cfg.data
         settings = {"data.dedup": d.dedup, "data.merge_into": d.merge_into}
-        return provenance.made_from(
-            settings, tokenize=provenance.fingerprint(TOKENIZE.made_from(cfg))
-        )
+        return provenance.made_from(settings, tokenize=TOKENIZE.fingerprint(cfg))
 
     def marker(self, cfg: PipelineConfig) -> Path:
         return data_paths(cfg).manifest
@@ -126,7 +123,7 @@ class IndexStep(MarkedStep):
     placement = Placement.CPU
 
     def made_from(self, cfg: PipelineConfig) -> MadeFrom:
-        verified = provenance.fingerprint(VERIFY.made_from(cfg))
+        verified = VERIFY.fingerprint(cfg)
         return provenance.made_from(index_cache.settings(cfg), verify=verified)
 
     def marker(self, cfg: PipelineConfig) -> Path:

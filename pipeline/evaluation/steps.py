@@ -29,8 +29,8 @@ class EvaluateStep(MarkedStep):
         chosen = checkpoint_records.chosen(RunPaths.of(cfg.workdir), str(cfg.eval.checkpoint))
         return provenance.made_from(
             keys.settings(cfg.eval, "eval"),
-            verify=provenance.fingerprint(VERIFY.made_from(cfg)),
-            train=provenance.fingerprint(TRAIN.made_from(cfg)),
+            verify=VERIFY.fingerprint(cfg),
+            train=TRAIN.fingerprint(cfg),
             checkpoint=chosen or "(none)",
         )
 

@@ -33,8 +33,8 @@ class ExportStep(MarkedStep):
         settings = keys.settings(cfg.export, "export")
         return provenance.made_from(
             settings,
-            verify=provenance.fingerprint(VERIFY.made_from(cfg)),
-            train=provenance.fingerprint(TRAIN.made_from(cfg)),
+            verify=VERIFY.fingerprint(cfg),
+            train=TRAIN.fingerprint(cfg),
             checkpoint=chosen or "(none)",
         )
 

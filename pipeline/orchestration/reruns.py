@@ -12,7 +12,8 @@ was made from (pipeline.core.provenance) against what the config asks for now:
 
 A step the command does not run is judged as an input of those it runs: whatever differs
 there (but for a cache or an evaluation) is refused. Outputs written before markers recorded
-what they were made from are taken as made from the run's config.yaml.
+what they were made from are taken as made from the run's config.yaml; a key a marker does not
+name (added after the output was made) as its schema default.
 """
 
 from __future__ import annotations
@@ -85,11 +86,11 @@ def judge(cfg: PipelineConfig) -> list[Verdict]:
                 legacy[folder.root] = _legacy_config(folder) or cfg
             recorded = step.made_from(legacy[folder.root])
         now = step.made_from(cfg)
-        if recorded == now:
+        found = provenance.differences(recorded, now, provenance.defaults(cfg))
+        if not found:  # a key the record does not name is taken as its default
             done = earlier or step.is_complete(cfg)
             verdicts.append(Verdict(step, "complete" if done else "incomplete"))
             continue
-        found = provenance.differences(recorded, now)
         change = step.change(recorded, now)
         if step.name not in running and change is not Change.REDO:
             change = Change.REFUSE  # an input of what runs, made otherwise

@@ -45,7 +45,7 @@ class TrainStep(MarkedStep):
         }
         if cfg.model.init_from:  # the weights it starts from, not only their folder's name
             settings["model.init_from weights"] = identity(Path(cfg.model.init_from))
-        return provenance.made_from(settings, verify=provenance.fingerprint(VERIFY.made_from(cfg)))
+        return provenance.made_from(settings, verify=VERIFY.fingerprint(cfg))
 
     def recorded(self, cfg: PipelineConfig) -> MadeFrom | None:
         """What the finished training, or else its newest checkpoint, was made from."""
@@ -56,7 +56,7 @@ class TrainStep(MarkedStep):
         return None if state is None else state.get("made_from", {})
 
     def change(self, recorded: MadeFrom, now: MadeFrom) -> Change:
-        found = provenance.differences(recorded, now)
+        found = provenance.differences(recorded, now, provenance.defaults(PipelineConfig))
         steps = [(old, new) for key, old, new in found if key == "train.steps"]
         more_steps = all(isinstance(old, int) and new >= old for old, new in steps)
         continuable = all(key in CONTINUABLE for key, _, _ in found)

@@ -7,9 +7,11 @@ from __future__ import annotations
 import pytest
 
 from pipeline.config.compose import sweep_point_folder
-from pipeline.core import provenance
+from pipeline.core import files, provenance
+from pipeline.core.paths import RunPaths
 from pipeline.core.steps import Change
-from pipeline.orchestration import history
+from pipeline.evaluation.steps import EVALUATE
+from pipeline.orchestration import history, reruns
 from pipeline.training.steps import TRAIN
 from tests.conftest import changed, make_config
 
@@ -67,6 +69,57 @@ def test_a_training_continues_only_for_more_steps_or_other_intervals(
         assert recorded == now
     else:
         assert TRAIN.change(recorded, now) is change
+
+
+# the key added after 0.6 to what a training is made from; its default does what 0.6 did
+ADDED = ("train.max_skipped_in_a_row",)
+
+
+def without_added(record: dict) -> dict:
+    """The record as 0.6 wrote it."""
+    settings = {k: v for k, v in record["settings"].items() if k not in ADDED}
+    return {**record, "settings": settings}
+
+
+def test_a_key_a_record_does_not_name_is_compared_as_its_default(tmp_path):
+    cfg = make_config(tmp_path, "train.steps=20", "train.warmup_steps=2")
+    default = provenance.defaults(cfg)
+    now, older = TRAIN.made_from(cfg), without_added(TRAIN.made_from(cfg))
+    assert provenance.differences(older, now, default) == []
+    assert provenance.same(older, now, default)
+    given = TRAIN.made_from(changed(cfg, "train", max_skipped_in_a_row=5))
+    found = provenance.differences(older, given, default)
+    assert found == [("train.max_skipped_in_a_row", 10, 5)]
+    assert TRAIN.change(older, given) is Change.CONTINUE
+    # a value the record names is compared as it is, default or not
+    other = {**now, "settings": {**now["settings"], "train.max_skipped_in_a_row": 5}}
+    found = provenance.differences(other, now, default)
+    assert found == [("train.max_skipped_in_a_row", 5, 10)]
+    assert not provenance.same(other, now, default)
+
+
+def test_a_finished_run_of_an_earlier_version_is_complete_when_new_keys_keep_their_defaults(
+    tmp_path,
+):
+    """A run folder whose training and evaluation recorded neither new key: its rerun neither
+    trains nor evaluates again, unless a new key is given another value."""
+    cfg = make_config(tmp_path, "train.steps=20", "train.warmup_steps=2")
+    paths = RunPaths.of(cfg.workdir)
+    trained = without_added(TRAIN.made_from(cfg))
+    files.write_json(paths.train_done, {"made_from": trained})
+    evaluated = EVALUATE.made_from(cfg)
+    evaluated["inputs"]["train"] = provenance.fingerprint(trained)  # the training it measured
+    files.write_json(paths.eval_done, {"made_from": evaluated})
+
+    states = {v.step.name: v.state for v in reruns.judge(cfg)}
+    assert (states["train"], states["evaluate"]) == ("complete", "complete")
+    assert TRAIN.is_complete(cfg) and EVALUATE.is_complete(cfg)
+
+    more = changed(cfg, "train", max_skipped_in_a_row=3)
+    verdicts = {v.step.name: v for v in reruns.judge(more)}
+    assert verdicts["train"].state == "continue"
+    assert verdicts["train"].differences == [("train.max_skipped_in_a_row", 10, 3)]
+    assert verdicts["evaluate"].state == "redo"
 
 
 def test_a_sweep_point_is_named_by_its_overrides():
