@@ -1,6 +1,6 @@
 """Values derived from the config, each computed in one place: ranks, the batch arithmetic,
-Slurm times. `resolve` returns the config with the derived batch sizes filled in; the config it
-is given is left as it was."""
+Slurm times, the values the planner settles. `resolve` returns the config with the derived
+batch sizes filled in; the config it is given is left as it was."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import dataclasses
 import os
 from dataclasses import dataclass
 
+from pipeline.config.choices import Recompute
 from pipeline.config.schema import AUTO, ClusterConfig, PipelineConfig
 from pipeline.core.errors import ConfigError
 
@@ -43,12 +44,33 @@ def data_parallel_size(cfg: PipelineConfig) -> int:
     return world_size(cfg.cluster) // (cfg.parallel.tensor * cfg.parallel.pipeline)
 
 
+@dataclass(frozen=True)
+class Settled:
+    """The values a config may leave to the planner (`auto`, pipeline.planning.auto), as the
+    run uses them once they are settled. The config keeps them under their keys, so config.yaml
+    and the records read as given; what runs after settling reads them here, typed."""
+
+    tensor: int
+    pipeline: int
+    micro_batch_size: int
+    recompute: Recompute
+
+
+def settled(cfg: PipelineConfig) -> Settled:
+    """The settled values of a config the command line loaded (pipeline.config.compose.load)."""
+    p, t = cfg.parallel, cfg.train
+    numbers = (p.tensor, p.pipeline, t.micro_batch_size)
+    if t.recompute == AUTO or not all(type(n) is int for n in numbers):
+        raise ValueError(f"not settled (pipeline.planning.auto): {numbers}, {t.recompute}")
+    return Settled(p.tensor, p.pipeline, t.micro_batch_size, Recompute(t.recompute))
+
+
 def validation_samples(cfg: PipelineConfig) -> int:
     """Sequences each validation reads: train.eval_samples, or for a config of an earlier
     version train.eval_iters micro-batches on each data-parallel rank."""
     t = cfg.train
     if t.eval_iters is not None:
-        return t.eval_iters * t.micro_batch_size * data_parallel_size(cfg)
+        return t.eval_iters * settled(cfg).micro_batch_size * data_parallel_size(cfg)
     return t.eval_samples
 
 

@@ -158,7 +158,8 @@ class ModelConfig:
 
 @dataclass
 class ParallelConfig:
-    # With tensor=auto, sequence parallelism follows the planner's choice
+    # With tensor=auto, sequence parallelism follows the planner's choice. Any: a number or
+    # auto (OmegaConf has no unions); what runs reads them typed (pipeline.config.derived.settled)
     tensor: Any = command(1, "tensor-parallel size, or auto (GPU runs)", common=True)
     pipeline: Any = command(1, "pipeline-parallel size, or auto (GPU runs)", common=True)
     virtual_pipeline: int | None = command(
@@ -189,7 +190,8 @@ class ParallelConfig:
 @dataclass
 class TrainConfig:
     # auto (GPU runs): the planner picks the fastest micro-batch whose memory estimate fits
-    # the GPU with a margin (pipeline.planning.auto), before anything runs
+    # the GPU with a margin (pipeline.planning.auto), before anything runs; settled, it is read
+    # as an int from pipeline.config.derived.settled
     micro_batch_size: Any = key(8, NOT_SETTING, "sequences per rank and pass, or auto", common=True)
     global_batch_size: int = key(32, OUTPUT, "sequences per training step", common=True)
     grad_accum: int | None = key(

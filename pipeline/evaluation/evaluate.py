@@ -15,6 +15,7 @@ from typing import TypedDict
 import torch
 
 from pipeline.config import PipelineConfig
+from pipeline.config.derived import settled
 from pipeline.core import files, log, provenance
 from pipeline.core.paths import RunPaths
 from pipeline.data import evalsets, sources
@@ -78,7 +79,7 @@ def perplexity(loss: float) -> float:
 
 
 def _micro_batch_size(cfg: PipelineConfig) -> int:
-    return cfg.eval.micro_batch_size or cfg.train.micro_batch_size
+    return cfg.eval.micro_batch_size or settled(cfg).micro_batch_size
 
 
 def _measure(engine, evalset: evalsets.EvalSet, cfg: PipelineConfig) -> dict:

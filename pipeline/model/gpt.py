@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from pipeline.config import PipelineConfig
+from pipeline.config.derived import settled
 from pipeline.model.sizes import ffn_hidden_size, padded_vocab, params_dtype
 from pipeline.model.vocab_padding import mask_padding
 
@@ -19,16 +20,16 @@ def transformer_config(cfg: PipelineConfig, backend: Backend) -> TransformerConf
     import torch.nn.functional as F
     from megatron.core.transformer.transformer_config import TransformerConfig
 
-    m, p, t = cfg.model, cfg.parallel, cfg.train
+    m, p, t, s = cfg.model, cfg.parallel, cfg.train, settled(cfg)
     dtype = params_dtype(t.precision)
     recompute = {}
-    if t.recompute == "selective":
+    if s.recompute == "selective":
         recompute = dict(recompute_granularity="selective")
-    elif t.recompute == "full":
+    elif s.recompute == "full":
         recompute = dict(
             recompute_granularity="full",
             recompute_method="block",
-            recompute_num_layers=t.recompute_layers or m.num_layers // p.pipeline,
+            recompute_num_layers=t.recompute_layers or m.num_layers // s.pipeline,
         )
     return TransformerConfig(
         num_layers=m.num_layers,
@@ -43,8 +44,8 @@ def transformer_config(cfg: PipelineConfig, backend: Backend) -> TransformerConf
         init_method_std=m.init_method_std,
         hidden_dropout=m.hidden_dropout,
         attention_dropout=m.attention_dropout,
-        tensor_model_parallel_size=p.tensor,
-        pipeline_model_parallel_size=p.pipeline,
+        tensor_model_parallel_size=s.tensor,
+        pipeline_model_parallel_size=s.pipeline,
         virtual_pipeline_model_parallel_size=p.virtual_pipeline,
         sequence_parallel=p.sequence_parallel,
         bf16=t.precision in ("bf16", "fp8"),
@@ -78,7 +79,7 @@ def build(
 
     m = cfg.model
     config = transformer_config(cfg, backend)
-    padded = padded_vocab_size or padded_vocab(vocab_size, m, cfg.parallel.tensor)
+    padded = padded_vocab_size or padded_vocab(vocab_size, m, settled(cfg).tensor)
     model = GPTModel(
         config=config,
         transformer_layer_spec=backend.layer_spec(cfg, config, vp_stage),

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from pipeline.config import PipelineConfig
-from pipeline.config.derived import data_parallel_size, trains_on_gpu
+from pipeline.config.derived import data_parallel_size, settled, trains_on_gpu
 
 
 @dataclass(frozen=True)
@@ -43,21 +43,21 @@ class ParallelLayout:
     @classmethod
     def of(cls, cfg: PipelineConfig) -> ParallelLayout:
         """The layout a validated, resolved config describes."""
-        p, t = cfg.parallel, cfg.train
+        p, t, s = cfg.parallel, cfg.train, settled(cfg)
         return cls(
-            tensor=p.tensor,
-            pipeline=p.pipeline,
+            tensor=s.tensor,
+            pipeline=s.pipeline,
             data=data_parallel_size(cfg),
-            micro_batch=t.micro_batch_size,
+            micro_batch=s.micro_batch_size,
             grad_accum=t.grad_accum,
-            recompute=t.recompute,
+            recompute=s.recompute,
             recompute_layers=t.recompute_layers,
             virtual_pipeline=p.virtual_pipeline,
             sequence_parallel=p.sequence_parallel,
             distributed_optimizer=p.distributed_optimizer,
             overlap_grad_reduce=p.overlap_grad_reduce,
             overlap_param_gather=p.overlap_param_gather,
-            tp_comm_overlap=p.tp_comm_overlap and p.tensor > 1 and p.sequence_parallel,
+            tp_comm_overlap=p.tp_comm_overlap and s.tensor > 1 and p.sequence_parallel,
             bucket_params=p.ddp_bucket_size,
             precision=t.precision,
             fused_kernels=trains_on_gpu(cfg),

@@ -9,7 +9,7 @@ import shutil
 from pathlib import Path
 
 from pipeline.config import PipelineConfig, TokenizerConfig
-from pipeline.config.derived import slurm_minutes, trains_on_gpu, world_size
+from pipeline.config.derived import settled, slurm_minutes, trains_on_gpu, world_size
 from pipeline.core.errors import ConfigError
 from pipeline.core.paths import RunPaths
 from pipeline.data import mixture, rejects, shards
@@ -93,7 +93,7 @@ def check_init_from(cfg: PipelineConfig, vocab_size: int) -> None:
     if not RunPaths.of(cfg.workdir).manifest.exists():  # not tokenized yet: its own count
         vocab_size = load_tokenizer(cfg.tokenizer.model).vocab_size()
     rows = (hf_files.shape(folder, "model.embed_tokens.weight") or [0])[0]
-    padded = padded_vocab(vocab_size, cfg.model, cfg.parallel.tensor)
+    padded = padded_vocab(vocab_size, cfg.model, settled(cfg).tensor)
     if not vocab_size <= rows <= padded:
         raise ConfigError(
             f"model.init_from={folder}: its embedding has {rows} rows, the tokenizer "
@@ -111,7 +111,7 @@ def gpu_memory_gb(cfg: PipelineConfig) -> float | None:
 def checkpoint_bytes(cfg: PipelineConfig, vocab_size: int) -> int:
     """What one save writes over all ranks: weights and optimizer state (fp32 main weights and
     two Adam moments in mixed precision), whatever the layout."""
-    n = parameter_count(cfg.model, vocab_size, cfg.parallel.tensor)["total"]
+    n = parameter_count(cfg.model, vocab_size, settled(cfg).tensor)["total"]
     return n * (12 if cfg.train.precision == "fp32" else 14)
 
 
@@ -129,7 +129,7 @@ def _check_device(cfg: PipelineConfig) -> None:
         )
     if not trains_on_gpu(cfg) and cfg.parallel.sequence_parallel:
         raise ConfigError("parallel.sequence_parallel: needs GPUs; use false on CPU")
-    if not trains_on_gpu(cfg) and cfg.parallel.pipeline > 1 and not cfg.model.untie_embeddings:
+    if not trains_on_gpu(cfg) and settled(cfg).pipeline > 1 and not cfg.model.untie_embeddings:
         raise ConfigError(
             "parallel.pipeline: pipeline stages on CPU need model.untie_embeddings=true "
             "(megatron-core keeps the output copy of a tied embedding on a GPU)"
@@ -268,15 +268,15 @@ def _check_resume_layout(cfg: PipelineConfig, vocab_size: int) -> None:
     paths = RunPaths.of(cfg.workdir)
     if "train" not in cfg.stages or paths.train_done.exists():
         return
-    p = cfg.parallel
+    s = settled(cfg)
     problem = checkpoint_records.layout_problem(
         checkpoint_records.tracked_state(paths),
         {
-            "tensor": p.tensor,
-            "pipeline": p.pipeline,
-            "virtual_pipeline": p.virtual_pipeline,
+            "tensor": s.tensor,
+            "pipeline": s.pipeline,
+            "virtual_pipeline": cfg.parallel.virtual_pipeline,
             "backend": backend_names.for_training(cfg),
-            "padded_vocab_size": padded_vocab(vocab_size, cfg.model, p.tensor),
+            "padded_vocab_size": padded_vocab(vocab_size, cfg.model, s.tensor),
         },
     )
     if problem:

@@ -43,13 +43,11 @@ class PlanOptions:
 def summary_lines(cfg: PipelineConfig, vocab_size: int) -> list[str]:
     """A few lines for the launcher to print before it submits: parameters, FLOPs, per-GPU
     memory of the configured layout, tokens per step."""
-    counts = parameter_count(cfg.model, vocab_size, cfg.parallel.tensor)
     layout = ParallelLayout.of(cfg)
+    counts = parameter_count(cfg.model, vocab_size, layout.tensor)
     memory = memory_per_gpu(cfg.model, vocab_size, layout)
     where = "GPU" if layout.fused_kernels else "rank"
-    per_token = (
-        flops_per_sequence(cfg.model, vocab_size, cfg.parallel.tensor) / cfg.model.seq_length
-    )
+    per_token = flops_per_sequence(cfg.model, vocab_size, layout.tensor) / cfg.model.seq_length
     steps = cfg.train.steps
     parts = ", ".join(
         f"{key} {memory[key] / GIB:.1f}"
@@ -103,7 +101,7 @@ def _parameter_lines(
     cfg: PipelineConfig, vocab_size: int, source: str, layout: ParallelLayout
 ) -> list[str]:
     m = cfg.model
-    c = parameter_count(m, vocab_size, cfg.parallel.tensor)
+    c = parameter_count(m, vocab_size, layout.tensor)
     groups = m.num_query_groups or m.num_attention_heads
     position = f" + {count(c['position_embedding'])} positions" if c["position_embedding"] else ""
     tied = "untied" if m.untie_embeddings else "tied to the embedding"
@@ -308,7 +306,7 @@ def plan_lines(cfg: PipelineConfig, options: PlanOptions) -> list[str]:
     if not (layout.fused_kernels or named):
         gpu = None
     capacity = capacity_bytes(memory_gb) if layout.fused_kernels or named else None
-    flops = flops_per_sequence(cfg.model, vocab_size, cfg.parallel.tensor)
+    flops = flops_per_sequence(cfg.model, vocab_size, layout.tensor)
     lines = _parameter_lines(cfg, vocab_size, source, layout)
     lines.append(
         f"FLOPs per token: {flops_text(flops / cfg.model.seq_length)} ({flops_text(flops)} per "

@@ -11,6 +11,7 @@ import torch
 import torch.distributed as dist
 
 from pipeline.config import PipelineConfig
+from pipeline.config.derived import settled
 from pipeline.core import log
 from pipeline.data.datasets import MicroBatchSampler, loader
 from pipeline.model import gpt
@@ -43,19 +44,19 @@ class Engine:
         from megatron.core import parallel_state, tensor_parallel
 
         self.cfg = cfg
+        self.settled = s = settled(cfg)  # the layout and micro-batch, typed
         self.vocab_size = vocab_size
-        self.padded_vocab_size = padded_vocab_size or padded_vocab(
-            vocab_size, cfg.model, cfg.parallel.tensor
-        )
+        self.padded_vocab_size = padded_vocab_size or padded_vocab(vocab_size, cfg.model, s.tensor)
         self.backend = backends.select(cfg)
         self.device = self.backend.device
         self.rank = distributed.init("nccl" if self.device.type == "cuda" else "gloo")
         if cfg.train.threads:
             torch.set_num_threads(cfg.train.threads)
-        p = cfg.parallel
         if not parallel_state.model_parallel_is_initialized():
             parallel_state.initialize_model_parallel(
-                p.tensor, p.pipeline, virtual_pipeline_model_parallel_size=p.virtual_pipeline
+                s.tensor,
+                s.pipeline,
+                virtual_pipeline_model_parallel_size=cfg.parallel.virtual_pipeline,
             )
         torch.manual_seed(cfg.train.seed)
         if self.device.type == "cuda":
@@ -110,11 +111,11 @@ class Engine:
         """The parallel layout and shape the weights are held in (a checkpoint's "layout"):
         what an evaluation elsewhere (one device, another layer spec) needs to rebuild the
         same model."""
-        p = self.cfg.parallel
+        s = self.settled
         return {
-            "tensor": p.tensor,
-            "pipeline": p.pipeline,
-            "virtual_pipeline": p.virtual_pipeline,
+            "tensor": s.tensor,
+            "pipeline": s.pipeline,
+            "virtual_pipeline": self.cfg.parallel.virtual_pipeline,
             "padded_vocab_size": self.padded_vocab_size,
             "precision": self.cfg.train.precision,
             "backend": self.backend.name,

@@ -105,8 +105,8 @@ class Trainer(Engine):
             if hasattr(chunk, "zero_grad_buffer"):
                 chunk.zero_grad_buffer()
         self.optimizer.zero_grad()
-        t = self.cfg.train
-        total = self.run_schedule(iterators, t.grad_accum, t.micro_batch_size, forward_only=False)
+        micro, accum = self.settled.micro_batch_size, self.cfg.train.grad_accum
+        total = self.run_schedule(iterators, accum, micro, forward_only=False)
         # The loss summed over the whole job (run_schedule all-reduces it), so every rank sees
         # the same value: never step on a non-finite one, even with finite gradients.
         loss = float(total[0] / total[1].clamp(min=1))
@@ -272,7 +272,7 @@ class Trainer(Engine):
 
     def _throughput(self) -> Throughput:
         cfg, t = self.cfg, self.cfg.train
-        per_sequence = flops.flops_per_sequence(cfg.model, self.vocab_size, cfg.parallel.tensor)
+        per_sequence = flops.flops_per_sequence(cfg.model, self.vocab_size, self.settled.tensor)
         on_cuda = self.device.type == "cuda"
         return Throughput(
             tokens_per_step=t.global_batch_size * cfg.model.seq_length,
@@ -296,11 +296,12 @@ class Trainer(Engine):
         self.metrics.keep_until(self.state.step)
         train_ds = datasets.train_dataset(cfg, self.manifest)
         # the same sequences at every validation, whole micro-batches on every rank
-        validation = evalsets.validation_sets(cfg, self.manifest, t.micro_batch_size * self.dp_size)
+        micro = self.settled.micro_batch_size
+        validation = evalsets.validation_sets(cfg, self.manifest, micro * self.dp_size)
         # before the data-loading workers fork: they inherit the handlers, and a job signal
         # (time-limit warning, preemption) reaches them too, which would otherwise kill them
         stop = StopRequest()
-        iterators = self.iterators(train_ds, self.state.consumed_samples, t.micro_batch_size)
+        iterators = self.iterators(train_ds, self.state.consumed_samples, micro)
         iterators = [progress.reporting(batches) for batches in iterators]
         self.metrics.open_tensorboard(self.state.step)
         stragglers = StragglerWatch(cfg.cluster.straggler_threshold, self.device)
@@ -380,7 +381,7 @@ class Trainer(Engine):
         """The validation loss of each source and of the mixture (weighted as training samples
         them), which decides the best checkpoint."""
         progress.phase("validate")
-        st, mbs = self.state, self.cfg.train.micro_batch_size
+        st, mbs = self.state, self.settled.micro_batch_size
         losses = {name: self.loss_over(w, mbs, None)[0] for name, w in validation.items()}
         st.val_loss = evalsets.mixture_loss(losses, self.cfg)
         if st.best_val_loss is None or st.val_loss < st.best_val_loss:

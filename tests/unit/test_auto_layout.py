@@ -11,6 +11,8 @@ from dataclasses import replace
 import pytest
 
 from pipeline.config import ConfigError
+from pipeline.config.choices import Recompute
+from pipeline.config.derived import Settled, settled
 from pipeline.data.datasets import vocab_size
 from pipeline.planning import auto
 from pipeline.planning.parallel_layout import ParallelLayout
@@ -55,6 +57,22 @@ def test_several_gpus_get_the_least_model_parallelism_about_as_fast_as_the_faste
     assert model_parallel(picked) == min(map(model_parallel, near)) > 1  # 8B needs some
     small = make_config(tmp_path, *H100_NODE, "model=gpt-350m")
     assert (small.parallel.tensor, small.parallel.pipeline) == (1, 1)  # data parallel alone
+
+
+def test_what_runs_reads_the_settled_values_typed_and_auto_only_before(tmp_path):
+    cfg = make_config(tmp_path, *H100_NODE, "model=llama-8b")
+    s = settled(cfg)
+    assert isinstance(s, Settled) and isinstance(s.recompute, Recompute)
+    assert all(type(n) is int for n in (s.tensor, s.pipeline, s.micro_batch_size))
+    assert (s.tensor, s.pipeline, s.micro_batch_size, s.recompute) == (
+        cfg.parallel.tensor,
+        cfg.parallel.pipeline,
+        cfg.train.micro_batch_size,
+        cfg.train.recompute,
+    )  # config.yaml and the records keep the values under their keys
+    assert s.recompute != "auto" and s.tensor * s.pipeline > 1
+    with pytest.raises(ValueError, match="not settled"):
+        settled(make_config(tmp_path, *H100_NODE, "model=llama-8b", validate=False))
 
 
 def test_a_resume_keeps_the_layout_its_checkpoint_was_saved_with(tmp_path):

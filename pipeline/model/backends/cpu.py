@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from pipeline.config import PipelineConfig, TrainConfig
+from pipeline.config.derived import settled
 from pipeline.model import dist_checkpoint
 from pipeline.model.backends import names
 from pipeline.runtime.device import cuda_allocations_on_cpu, cuda_calls_on_cpu
@@ -228,7 +229,7 @@ class CpuBackend:
     def transformer_options(self, cfg: PipelineConfig) -> dict[str, Any]:
         if cfg.train.precision != "fp32":
             raise ValueError(f"train.precision={cfg.train.precision} needs a GPU; use fp32 on CPU")
-        if cfg.parallel.pipeline > 1 and not cfg.model.untie_embeddings:
+        if settled(cfg).pipeline > 1 and not cfg.model.untie_embeddings:
             # megatron-core moves the output layer's copy of a tied embedding to CUDA
             raise ValueError("parallel.pipeline>1 on CPU needs model.untie_embeddings=true")
         return dict(

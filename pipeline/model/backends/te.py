@@ -11,7 +11,7 @@ from typing import Any
 import torch
 
 from pipeline.config import PipelineConfig
-from pipeline.config.derived import data_parallel_size
+from pipeline.config.derived import data_parallel_size, settled
 from pipeline.model import dist_checkpoint
 from pipeline.model.backends import names
 from pipeline.model.sizes import params_dtype
@@ -256,7 +256,7 @@ class CheckpointableTEActivation:
 def _tp_comm_overlap(cfg: PipelineConfig) -> bool:
     """parallel.tp_comm_overlap where it can act: tensor-parallel ranks, sequence parallel."""
     p = cfg.parallel
-    return bool(p.tp_comm_overlap and p.tensor > 1 and p.sequence_parallel)
+    return bool(p.tp_comm_overlap and settled(cfg).tensor > 1 and p.sequence_parallel)
 
 
 _USERBUFFERS: list[bool] = []  # Transformer Engine's userbuffers are made once per process
@@ -270,10 +270,10 @@ def _initialize_userbuffers(cfg: PipelineConfig) -> None:
         return
     from transformer_engine.pytorch.module.base import initialize_ub
 
-    t, m = cfg.train, cfg.model
+    t, m, s = cfg.train, cfg.model, settled(cfg)
     initialize_ub(
-        shape=[m.seq_length * t.micro_batch_size, m.hidden_size],
-        tp_size=cfg.parallel.tensor,
+        shape=[m.seq_length * s.micro_batch_size, m.hidden_size],
+        tp_size=s.tensor,
         use_fp8=t.precision == "fp8",
         dtype=params_dtype(t.precision),
         bootstrap_backend="nccl",
