@@ -40,8 +40,10 @@ ABSENT = "(absent)"
 
 def defaults(schema: Any) -> Mapping[str, Any]:
     """The schema default of each dotted key of a dataclass config (a class or an instance of
-    it): each field's default, section by section (a field made by a dataclass is a section)."""
-    return _defaults(schema if isinstance(schema, type) else type(schema))
+    it): each field's default, section by section (a field made by a dataclass is a section).
+    Nothing for a config of another kind."""
+    kind = schema if isinstance(schema, type) else type(schema)
+    return _defaults(kind) if dataclasses.is_dataclass(kind) else {}
 
 
 @functools.cache
