@@ -7,6 +7,12 @@ running it again is always safe (`MarkedStep` does this for the steps of one mar
 state only what they make and from what). It says where it runs (`Placement`),
 and an executor turns that into processes or Slurm jobs; steps never read scheduler variables
 themselves.
+
+Two meanings of "step" are kept apart. A step, here, is a job of the pipeline (`python -m
+pipeline.step STEP`, `force=STEP`, a row of `make status`). One update of the weights is a
+training step: `train.steps` counts them, the training's state, its checkpoints and
+train/metrics.jsonl record one as "step", and the trainer's method for one is
+`Trainer.iteration`; elsewhere it is named as a training step (`Interrupted.at_step`).
 """
 
 from __future__ import annotations

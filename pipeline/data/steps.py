@@ -2,7 +2,8 @@
 
     tokenizer  the run's sentencepiece model          tokenizer/tokenizer.json
     tokenize   an array, one task per shard             data/shard-NNNNN.done.json
-    verify     every shard checked, the manifest        data/manifest.json
+    verify     every shard checked; duplicates removed  data/manifest.json
+               and files merged if asked
     index      megatron-core's dataset index cache      index-cache/DONE.json (train stage)
 
 Each checks its own completion marker (right of each name; pipeline.core.steps.MarkedStep),
@@ -96,7 +97,8 @@ class TokenizeStep(ArrayStep):
 
 
 class VerifyStep(MarkedStep):
-    """Refused when changed: deduplication decides which documents are read."""
+    """Checks, deduplicates and merges the tokenized shards (pipeline.data.verify). Refused when
+    changed: deduplication decides which documents are read."""
 
     name = "verify"
     placement = Placement.CPU

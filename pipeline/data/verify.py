@@ -1,6 +1,7 @@
-"""After the tokenize array: check every file of every shard, deduplicate (data.dedup) and merge
-(data.merge_into) if asked, write manifest.json: what each split of each source holds and which
-files training and evaluation read for it.
+"""The verify step, after the tokenize array: it checks every file of every shard, deduplicates
+(data.dedup) and merges (data.merge_into) them if asked, and writes manifest.json: what each
+split of each source holds and which files training and evaluation read for it. The step keeps
+the name of its first job, as users type it (force=verify, `make status`, the job scripts).
 
 Reads the files with `pipeline.data.indexed`, not megatron-core: this step imports neither it
 nor torch, so a tokenize-only run pays no seconds of start-up for them. The dataset index cache

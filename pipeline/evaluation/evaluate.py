@@ -176,7 +176,7 @@ def evaluate(cfg: PipelineConfig, made_from: dict) -> EvaluationRecord:
     multiple = _micro_batch_size(cfg) * engine.dp_size
     tests = evalsets.test_sets(cfg, manifest, multiple)
     extras = [evalsets.extra_set(cfg, name, sp, multiple) for name in cfg.eval.extra_sets]
-    step = checkpoint.load(folder, engine.backend, engine.chunks, None)["step"]
+    trained_steps = checkpoint.load(folder, engine.backend, engine.chunks, None)["step"]
     measured = _measure_test(engine, tests, cfg)
     measured.update({s.name: _measure(engine, s, cfg) for s in extras})
     test = measured["test"]
@@ -185,7 +185,7 @@ def evaluate(cfg: PipelineConfig, made_from: dict) -> EvaluationRecord:
         "made_from": made_from,
         "fingerprint": provenance.fingerprint(made_from),
         "checkpoint": str(folder),
-        "checkpoint_step": step,
+        "checkpoint_step": trained_steps,
         "test_loss": test["loss"],
         "test_ppl": test["ppl"],
         "test_tokens": test["tokens"],

@@ -1,5 +1,5 @@
 """Text samples from a trained model: greedy and top-k / top-p continuations of prompts, by a
-plain autoregressive decode with the megatron-core model (the whole prefix each step)."""
+plain autoregressive decode with the megatron-core model (the whole prefix for each new token)."""
 
 from __future__ import annotations
 

@@ -100,7 +100,7 @@ class Trainer(Engine):
         self.state = RunState()
         self._clock = time.time()  # this attempt's wall time is added to the state from here
 
-    def train_step(self, iterators: list) -> tuple[float, float, bool]:
+    def iteration(self, iterators: list) -> tuple[float, float, bool]:
         for chunk in self.chunks:
             if hasattr(chunk, "zero_grad_buffer"):
                 chunk.zero_grad_buffer()
@@ -313,7 +313,7 @@ class Trainer(Engine):
             progress.phase("data", self.state.step)
             started = time.time()
             with stragglers.step():
-                loss, grad_norm, updated = self.train_step(iterators)  # reading the loss syncs
+                loss, grad_norm, updated = self.iteration(iterators)  # reading the loss syncs
             took = time.time() - started
             window_seconds += took
             progress.step_took(took)

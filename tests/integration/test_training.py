@@ -32,7 +32,7 @@ def test_loss_falls_on_a_fixed_batch(run_copy):
     trainer = trainer_of(cfg)
     dataset = datasets.train_dataset(cfg)
     batch = next(iter(trainer.iterators(dataset, 0, cfg.train.micro_batch_size)[0]))
-    losses = [trainer.train_step([itertools.repeat(batch)])[0] for _ in range(40)]
+    losses = [trainer.iteration([itertools.repeat(batch)])[0] for _ in range(40)]
     assert losses[-1] < 0.3 * losses[0], losses
 
 
