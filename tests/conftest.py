@@ -134,6 +134,19 @@ def cli(*args: str, timeout: float = 600, **kwargs) -> subprocess.CompletedProce
     )
 
 
+def launch(*args: str, **kwargs) -> subprocess.Popen:
+    """`python -m pipeline cluster=local ARGS` started from the repository root, not waited for:
+    for tests that act on the run while it goes (signals, limits, frozen ranks)."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "pipeline", "cluster=local", *args], cwd=ROOT, **kwargs
+    )
+
+
+def status(workdir: Path | str, *args: str) -> subprocess.CompletedProcess:
+    """`python -m pipeline.status workdir=WORKDIR ARGS` (`make status`), output captured."""
+    return module("pipeline.status", f"workdir={workdir}", *args, timeout=120)
+
+
 def module(name: str, *args: str, timeout: float = 300, **kwargs) -> subprocess.CompletedProcess:
     """`python -m NAME ARGS` (pipeline.status, pipeline.export, ...) from the repository root,
     output captured."""
