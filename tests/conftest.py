@@ -1,5 +1,6 @@
-"""Shared fixtures: configs composed exactly as the command line composes them, and one small
-tokenized run (built-in corpus, real sentencepiece, real Megatron-format shards) reused by tests.
+"""Shared fixtures: configs composed exactly as the command line composes them, one small
+tokenized run (built-in corpus, real sentencepiece, real Megatron-format shards) and one whole
+run made by the command line, each reused by tests.
 
 The tests are laid out by what they need, and each folder's tests carry its marker:
 
@@ -15,9 +16,11 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import os
 import shutil
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -100,6 +103,31 @@ def tokenized(tmp_path_factory) -> PipelineConfig:
     return cfg
 
 
+def _umask_027() -> None:
+    os.umask(0o027)
+
+
+@dataclasses.dataclass(frozen=True)
+class FinishedRun:
+    workdir: Path
+    stderr: str  # what the command printed
+    seconds: float  # how long the whole command took
+
+
+@pytest.fixture(scope="session")
+def finished_run(tmp_path_factory) -> FinishedRun:
+    """One whole run made by the command line with SMALL_SERIAL, every stage up to the export,
+    under a team's umask (027): the uninterrupted reference of the tests that kill, stop or
+    compare runs, the trained run of those that point commands at one, and the run whose file
+    modes are checked. Tests copy it before changing anything in it."""
+    workdir = tmp_path_factory.mktemp("finished") / "run"
+    every_stage = "stages=[tokenize,train,evaluate,export]"
+    started = time.time()
+    result = cli(f"workdir={workdir}", *SMALL_SERIAL, every_stage, preexec_fn=_umask_027)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return FinishedRun(workdir, result.stderr, time.time() - started)
+
+
 def copy_tokenized(tokenized: PipelineConfig, workdir: Path) -> Path:
     """The tokenized run's corpus, tokenizer and data copied into `workdir`."""
     src = Path(tokenized.workdir)
@@ -132,6 +160,19 @@ def cli(*args: str, timeout: float = 600, **kwargs) -> subprocess.CompletedProce
         timeout=timeout,
         **kwargs,
     )
+
+
+def launch(*args: str, **kwargs) -> subprocess.Popen:
+    """`python -m pipeline cluster=local ARGS` started from the repository root, not waited for:
+    for tests that act on the run while it goes (signals, limits, frozen ranks)."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "pipeline", "cluster=local", *args], cwd=ROOT, **kwargs
+    )
+
+
+def status(workdir: Path | str, *args: str) -> subprocess.CompletedProcess:
+    """`python -m pipeline.status workdir=WORKDIR ARGS` (`make status`), output captured."""
+    return module("pipeline.status", f"workdir={workdir}", *args, timeout=120)
 
 
 def module(name: str, *args: str, timeout: float = 300, **kwargs) -> subprocess.CompletedProcess:

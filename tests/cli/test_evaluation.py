@@ -21,7 +21,7 @@ from pipeline.core.paths import RunPaths
 from pipeline.data import datasets
 from pipeline.model import dist_checkpoint
 from tests.cli.test_pipeline import pipeline
-from tests.conftest import ROOT, SMALL, make_config
+from tests.conftest import ROOT, SMALL_SERIAL, make_config
 
 EXTRA_BAD_LINES = ["{not json", json.dumps({"body": "no text key"})]
 
@@ -42,7 +42,7 @@ def run(tmp_path_factory) -> tuple[Path, list[str]]:
     workdir = root / "run"
     args = [
         f"workdir={workdir}",
-        *SMALL,
+        *SMALL_SERIAL,
         f"+eval.extra_sets={{code: {extra}/*.jsonl}}",
         "eval.all_checkpoints=true",
         "eval.harness_tasks=[hellaswag]",
@@ -71,7 +71,7 @@ def fresh_model(run):
     from pipeline.runtime import distributed
 
     workdir, _ = run
-    cfg = make_config(workdir, *SMALL)
+    cfg = make_config(workdir, *SMALL_SERIAL)
     manifest = datasets.load_manifest(RunPaths.of(cfg.workdir))
     distributed.init("gloo")
     if not parallel_state.model_parallel_is_initialized():
@@ -243,7 +243,13 @@ def test_changing_an_eval_setting_redoes_the_evaluation_only(run, tmp_path):
 
 def sweep(workdir: Path, swept: str) -> dict[str, Path]:
     """Sweep KEY=V1,V2 over the base run's data; each point's folder by its KEY=V."""
-    command = ["-m", "cluster=local", f"workdir={workdir}", *SMALL, "stages=[train,evaluate]"]
+    command = [
+        "-m",
+        "cluster=local",
+        f"workdir={workdir}",
+        *SMALL_SERIAL,
+        "stages=[train,evaluate]",
+    ]
     result = subprocess.run(
         [sys.executable, "-m", "pipeline", *command, swept],
         cwd=ROOT,

@@ -4,18 +4,12 @@ user's umask gives, never private ones from a temporary file renamed into place.
 
 from __future__ import annotations
 
-import os
 import stat
 
-from tests.conftest import SMALL_SERIAL, cli
 
-
-def test_a_whole_run_written_under_umask_027_is_group_readable(tmp_path):
-    workdir = tmp_path / "run"
-    umask_027 = lambda: os.umask(0o027)  # noqa: E731
-    every_stage = "stages=[tokenize,train,evaluate,export]"
-    result = cli(f"workdir={workdir}", *SMALL_SERIAL, every_stage, preexec_fn=umask_027)
-    assert result.returncode == 0, result.stderr[-3000:]
+def test_a_whole_run_written_under_umask_027_is_group_readable(finished_run):
+    """The session's whole run (tests/conftest.py) is made under umask 027, with the export."""
+    workdir = finished_run.workdir
     wrong = {}
     for path in [workdir, *workdir.rglob("*")]:
         if path.is_symlink():

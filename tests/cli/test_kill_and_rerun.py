@@ -9,7 +9,6 @@ import random
 import re
 import signal
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -19,30 +18,27 @@ import pytest
 from pipeline.core.paths import RunPaths
 from pipeline.orchestration import graph
 from pipeline.training import checkpoint
-from tests.conftest import ROOT, SMALL_SERIAL, cli, loss_curve, make_config
+from tests.conftest import SMALL_SERIAL, cli, launch, loss_curve, make_config
 
 STEPS = ("tokenizer", "tokenize", "verify", "index", "train", "evaluate")
 
 
 @pytest.fixture(scope="module")
-def uninterrupted(tmp_path_factory) -> tuple[Path, dict[str, float]]:
+def uninterrupted(finished_run) -> tuple[Path, dict[str, float]]:
     """A clean run, and how long each of its steps took."""
-    workdir = tmp_path_factory.mktemp("uninterrupted")
-    started = time.time()
-    result = cli(f"workdir={workdir}", *SMALL_SERIAL)
-    assert result.returncode == 0, result.stderr[-3000:]
-    took = {m[1]: float(m[2]) for m in re.finditer(r"\] (\w+): done in ([.\d]+) s", result.stderr)}
-    took["start"] = time.time() - started  # the whole command
+    pattern = r"\] (\w+): done in ([.\d]+) s"
+    took = {m[1]: float(m[2]) for m in re.finditer(pattern, finished_run.stderr)}
+    took["start"] = finished_run.seconds - took["export"]  # the command, to its evaluation
     took["saved"] = took["train"] / 2  # from the first of two checkpoints
-    return workdir, took
+    return finished_run.workdir, took
 
 
 def kill_during(workdir: Path, step: str, delay: float) -> None:
     """Start the pipeline, wait until `step` starts (for "start", the command itself; for
     "saved", training's first checkpoint), then SIGKILL it `delay` seconds later."""
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "pipeline", "cluster=local", f"workdir={workdir}", *SMALL_SERIAL],
-        cwd=ROOT,
+    proc = launch(
+        f"workdir={workdir}",
+        *SMALL_SERIAL,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         text=True,
@@ -118,13 +114,7 @@ def test_a_stop_signal_in_training_saves_stops_the_chain_and_the_rerun_resumes(
     clean, _ = uninterrupted
     workdir = tmp_path / "run"
     with open(tmp_path / "stderr", "w+") as stderr:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "pipeline", "cluster=local", f"workdir={workdir}"]
-            + SMALL_SERIAL,
-            cwd=ROOT,
-            stdout=subprocess.DEVNULL,
-            stderr=stderr,
-        )
+        proc = launch(f"workdir={workdir}", *SMALL_SERIAL, stdout=subprocess.DEVNULL, stderr=stderr)
         metrics = RunPaths.of(workdir).metrics  # first written at step 5 of 20
         while not metrics.exists() and proc.poll() is None:
             time.sleep(0.002)
@@ -144,6 +134,20 @@ def test_a_stop_signal_in_training_saves_stops_the_chain_and_the_rerun_resumes(
     assert loss_curve(workdir) == loss_curve(clean)
 
 
+@pytest.fixture(scope="module")
+def long_corpus(tmp_path_factory) -> Path:
+    """Random words enough that tokenizing them takes seconds."""
+    rng = random.Random(0)
+    words = [
+        "".join(rng.choices("abcdefghijklmnopqrstuvwxyz", k=rng.randint(2, 9))) for _ in range(5000)
+    ]
+    corpus = tmp_path_factory.mktemp("long") / "corpus.jsonl"
+    with open(corpus, "w") as f:
+        for _ in range(20000):
+            f.write(json.dumps({"text": " ".join(rng.choices(words, k=300))}) + "\n")
+    return corpus
+
+
 @pytest.mark.parametrize(
     ("sent", "code", "said"),
     [
@@ -152,26 +156,12 @@ def test_a_stop_signal_in_training_saves_stops_the_chain_and_the_rerun_resumes(
     ],
 )
 def test_a_stop_signal_outside_training_is_one_line_and_the_rerun_completes(
-    tmp_path, sent, code, said
+    long_corpus, tmp_path, sent, code, said
 ):
     """Ctrl-C or SIGTERM while tokenizing stops at once, in one line, keeping what is whole."""
-    rng = random.Random(0)
-    words = [
-        "".join(rng.choices("abcdefghijklmnopqrstuvwxyz", k=rng.randint(2, 9))) for _ in range(5000)
-    ]
-    corpus = tmp_path / "corpus.jsonl"
-    with open(corpus, "w") as f:  # tokenizing it takes seconds
-        for _ in range(20000):
-            f.write(json.dumps({"text": " ".join(rng.choices(words, k=300))}) + "\n")
-    args = [f"workdir={tmp_path / 'run'}", "data=jsonl", f"data.inputs=[{corpus}]"]
+    args = [f"workdir={tmp_path / 'run'}", "data=jsonl", f"data.inputs=[{long_corpus}]"]
     args += ["stages=[tokenize]", "tokenizer.vocab_size=1200", "data.num_shards=2"]
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "pipeline", "cluster=local", *args],
-        cwd=ROOT,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    proc = launch(*args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     seen = ""
     while "tokenize: running" not in seen and proc.poll() is None:
         seen += proc.stderr.readline()

@@ -9,14 +9,16 @@ import re
 import resource
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
+from typing import IO
 
 from pipeline.core import files
 from pipeline.core.paths import RunPaths
 from pipeline.training import checkpoint
-from tests.conftest import ROOT, SMALL_SERIAL, cli, copy_tokenized
+from tests.conftest import SMALL_SERIAL, cli, copy_tokenized, launch
+
+FULL_AT = 1_000_000  # no file may grow past 1 MB: optimizer.pt needs more
 
 
 def ignore_sigxfsz() -> None:
@@ -41,25 +43,29 @@ def snapshot(folder: Path) -> dict[str, str]:
     return {str(p.relative_to(folder)): files.sha256(p) for p in folder.rglob("*") if p.is_file()}
 
 
+def fill_the_disk_after_the_first_checkpoint(
+    workdir: Path, command: list[str], stderr: IO
+) -> tuple[subprocess.Popen, float]:
+    """Start the training; once its first checkpoint is complete, the disk fills up (the
+    file-size limit lowered on the running process). Returns it and the test's deadline."""
+    root = RunPaths.of(workdir).checkpoints
+    proc = launch(*command, stdout=subprocess.DEVNULL, stderr=stderr, preexec_fn=ignore_sigxfsz)
+    deadline = time.time() + 300
+    while proc.poll() is None and not (root / checkpoint.TRACKER).exists():
+        assert time.time() < deadline
+        time.sleep(0.005)
+    resource.prlimit(proc.pid, resource.RLIMIT_FSIZE, (FULL_AT, resource.RLIM_INFINITY))
+    return proc, deadline
+
+
 def test_disk_full_during_a_checkpoint_save_keeps_the_earlier_ones(tokenized, tmp_path):
     workdir = copy_tokenized(tokenized, tmp_path / "run")
     data_before = snapshot(workdir / "data")
-    command = [f"workdir={workdir}", *SMALL_SERIAL, "stages=[train]", "train.steps=100"]
+    # three saves in a row fail (train.max_failed_saves=3): 20, 30 and 40
+    command = [f"workdir={workdir}", *SMALL_SERIAL, "stages=[train]", "train.steps=50"]
     root = RunPaths.of(workdir).checkpoints
     with open(tmp_path / "stderr", "w+") as stderr:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "pipeline", "cluster=local", *command],
-            cwd=ROOT,
-            stdout=subprocess.DEVNULL,
-            stderr=stderr,
-            preexec_fn=ignore_sigxfsz,
-        )
-        deadline = time.time() + 300
-        while proc.poll() is None and not (root / checkpoint.TRACKER).exists():
-            assert time.time() < deadline
-            time.sleep(0.005)
-        # The disk fills up: no file may grow past 1 MB (optimizer.pt needs more).
-        resource.prlimit(proc.pid, resource.RLIMIT_FSIZE, (1_000_000, resource.RLIM_INFINITY))
+        proc, _ = fill_the_disk_after_the_first_checkpoint(workdir, command, stderr)
         assert proc.wait(timeout=300) == 1
         stderr.seek(0)
         line = error_line(stderr.read())
@@ -74,29 +80,19 @@ def test_disk_full_during_a_checkpoint_save_keeps_the_earlier_ones(tokenized, tm
     rerun = cli(*command)
     assert rerun.returncode == 0, rerun.stderr[-3000:]
     assert f"resumed from {kept} at step" in rerun.stderr
-    assert files.read_json(workdir / "train" / "DONE.json")["train_steps"] == 100
+    assert files.read_json(workdir / "train" / "DONE.json")["train_steps"] == 50
 
 
 def test_a_save_onto_a_full_disk_is_skipped_and_the_next_succeeds_once_there_is_space(
     tokenized, tmp_path
 ):
     workdir = copy_tokenized(tokenized, tmp_path / "run")
-    steps = ["train.steps=300", "train.save_interval=20", "train.max_failed_saves=5"]
+    # lifted before train.max_failed_saves=5 saves in a row fail (40 to 120), then 140 to 160
+    steps = ["train.steps=160", "train.save_interval=20", "train.max_failed_saves=5"]
     command = [f"workdir={workdir}", *SMALL_SERIAL, "stages=[train]", *steps]
     root = RunPaths.of(workdir).checkpoints
     with open(tmp_path / "stderr", "w+") as stderr:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "pipeline", "cluster=local", *command],
-            cwd=ROOT,
-            stdout=subprocess.DEVNULL,
-            stderr=stderr,
-            preexec_fn=ignore_sigxfsz,
-        )
-        deadline = time.time() + 300
-        while proc.poll() is None and not (root / checkpoint.TRACKER).exists():
-            assert time.time() < deadline
-            time.sleep(0.005)
-        resource.prlimit(proc.pid, resource.RLIMIT_FSIZE, (1_000_000, resource.RLIM_INFINITY))
+        proc, deadline = fill_the_disk_after_the_first_checkpoint(workdir, command, stderr)
         while proc.poll() is None and "is skipped" not in Path(stderr.name).read_text():
             assert time.time() < deadline
             time.sleep(0.005)
@@ -112,9 +108,9 @@ def test_a_save_onto_a_full_disk_is_skipped_and_the_next_succeeds_once_there_is_
     skipped = [int(re.search(r"the save of step (\d+)", w).group(1)) for w in warnings]
     assert not any((root / checkpoint.folder_name(s)).exists() for s in skipped)
     assert not list(root.glob("iter_*.partial"))
-    assert (root / checkpoint.TRACKER).read_text().strip() == checkpoint.folder_name(300)
-    assert checkpoint.is_valid(root / checkpoint.folder_name(300))
-    assert files.read_json(workdir / "train" / "DONE.json")["train_steps"] == 300
+    assert (root / checkpoint.TRACKER).read_text().strip() == checkpoint.folder_name(160)
+    assert checkpoint.is_valid(root / checkpoint.folder_name(160))
+    assert files.read_json(workdir / "train" / "DONE.json")["train_steps"] == 160
 
 
 def test_disk_full_during_a_shard_write_then_the_rerun_completes(tokenized, tmp_path):

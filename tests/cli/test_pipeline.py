@@ -68,14 +68,13 @@ def test_whole_pipeline_then_rerun_and_single_stages(tmp_path):
     assert json.loads((workdir / "eval" / "DONE.json").read_text())["checkpoint_step"] == 40
 
 
-def test_subprocess_executor_runs_the_array_and_two_gloo_ranks(tmp_path):
+def test_subprocess_executor_runs_the_array_and_two_gloo_ranks(finished_run, tmp_path):
     """Each step its own process through submitit; training on 2 data-parallel ranks matches
     the single-process loss curve (same global batch, same data order)."""
-    one, two = tmp_path / "one", tmp_path / "two"
-    pipeline(f"workdir={one}", *SMALL, "stages=[tokenize,train]")
+    one, two = finished_run.workdir, tmp_path / "two"  # both with one torch thread a rank
     two_ranks = pipeline(
         f"workdir={two}",
-        *SMALL,
+        *SMALL_SERIAL,
         "stages=[tokenize,train]",
         "cluster.executor=subprocess",
         "cluster.tasks_per_node=2",

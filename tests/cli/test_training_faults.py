@@ -7,21 +7,20 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import time
 
 from pipeline.core.paths import RunPaths
 from pipeline.training import checkpoint
-from tests.conftest import ROOT, SMALL_SERIAL, cli, copy_tokenized, loss_curve
+from tests.conftest import SMALL_SERIAL, cli, copy_tokenized, launch, loss_curve
 
 
-def _train_command(workdir) -> list[str]:
+def _train_command(workdir, save_interval: int = 1) -> list[str]:
     return [
         f"workdir={workdir}",
         *SMALL_SERIAL,
         "stages=[train]",
-        "train.steps=60",
-        "train.save_interval=1",  # saving most of the time: a kill lands mid-save
+        "train.steps=30",
+        f"train.save_interval={save_interval}",  # 1: saving most of the time, a kill lands mid-save
         "train.log_interval=1",
     ]
 
@@ -29,12 +28,7 @@ def _train_command(workdir) -> list[str]:
 def test_a_save_killed_midway_is_never_loaded_and_the_rerun_matches(tokenized, tmp_path):
     killed = copy_tokenized(tokenized, tmp_path / "killed")
     root = RunPaths.of(killed).checkpoints
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "pipeline", "cluster=local", *_train_command(killed)],
-        cwd=ROOT,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    proc = launch(*_train_command(killed), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.time() + 300
     while proc.poll() is None and time.time() < deadline:
         if any(root.glob("iter_*.partial")) and any(root.glob("iter_???????")):
@@ -55,8 +49,8 @@ def test_a_save_killed_midway_is_never_loaded_and_the_rerun_matches(tokenized, t
     assert rerun.returncode == 0, rerun.stderr[-3000:]
     assert f"resumed from {newest} at step" in rerun.stderr
     assert not list(root.glob("iter_*.partial"))
-    clean = copy_tokenized(tokenized, tmp_path / "clean")
-    assert cli(*_train_command(clean)).returncode == 0
+    clean = copy_tokenized(tokenized, tmp_path / "clean")  # saving only at its end
+    assert cli(*_train_command(clean, save_interval=30)).returncode == 0
     assert loss_curve(killed) == loss_curve(clean)
 
 

@@ -4,18 +4,30 @@ happened; retention never deletes anything outside the run folder."""
 
 from __future__ import annotations
 
+import shutil
+
 import pytest
 
+from pipeline.config import PipelineConfig
 from pipeline.core.paths import RunPaths
 from pipeline.training import checkpoint
 from pipeline.training.steps import TRAIN
-from tests.conftest import changed, loss_curve
+from tests.conftest import SMALL, changed, copy_tokenized, loss_curve, make_config
+
+
+@pytest.fixture(scope="module")
+def trained(tokenized, tmp_path_factory) -> PipelineConfig:
+    """The tokenized run trained to its end, its loss logged at every step."""
+    workdir = copy_tokenized(tokenized, tmp_path_factory.mktemp("trained"))
+    cfg = make_config(workdir, *SMALL, "train.log_interval=1")
+    TRAIN.run(cfg)
+    return cfg
 
 
 @pytest.mark.parametrize("name", ["dist/__0_0.distcp", "dist/common.pt", "state.json"])
-def test_a_flipped_byte_is_detected_and_the_previous_checkpoint_resumes(run_copy, name):
-    cfg = changed(run_copy, "train", log_interval=1)
-    TRAIN.run(cfg)
+def test_a_flipped_byte_is_detected_and_the_previous_checkpoint_resumes(trained, tmp_path, name):
+    shutil.copytree(trained.workdir, tmp_path / "run", symlinks=True)
+    cfg = make_config(tmp_path / "run", *SMALL, "train.log_interval=1")
     uninterrupted = loss_curve(cfg.workdir)
     paths = RunPaths.of(cfg.workdir)
     damaged = paths.checkpoints / checkpoint.folder_name(20)

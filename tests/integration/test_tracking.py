@@ -10,7 +10,6 @@ import math
 import shutil
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
@@ -20,11 +19,11 @@ from pipeline.evaluation.steps import EVALUATE
 from pipeline.training import checkpoint
 from pipeline.training.steps import TRAIN
 from tests.conftest import ROOT, SMALL_SERIAL, changed, copy_tokenized, make_config
+from tests.unit.test_tracking import TRACKED, wandb_records
 
 pytest.importorskip("wandb")
 pytest.importorskip("mlflow")
 
-TRACKED = ("logging.wandb.mode=offline", "logging.mlflow.enabled=true")
 CANARY = "canary0a1b2c3d4e5f6a7b8c9d0e1f2a3b4c5d6e7f8"  # 40 characters, as W&B keys are
 
 
@@ -38,23 +37,6 @@ def expected_metrics(paths: RunPaths) -> dict[tuple[int, str], float]:
             if key != "step" and isinstance(value, (int, float)) and math.isfinite(value):
                 out[(record["step"], key)] = float(value)
     return out
-
-
-def wandb_records(paths: RunPaths) -> list[dict]:
-    """Every record of the run's offline W&B files, attempt by attempt, as `wandb leet
-    inspect` (W&B's reader of its .wandb transaction logs) reads them."""
-    reader = Path(sys.executable).parent / "wandb"
-    records = []
-    for folder in sorted((paths.root / "wandb").glob("offline-run-*")):
-        out = subprocess.run(
-            [str(reader), "leet", "inspect", "--json", str(folder)],
-            capture_output=True,
-            text=True,
-            check=True,
-            timeout=60,
-        ).stdout
-        records += [json.loads(line) for line in out.splitlines() if line.startswith("{")]
-    return records
 
 
 def wandb_metrics(records: list[dict]) -> dict[tuple[int, str], float]:

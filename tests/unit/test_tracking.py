@@ -30,18 +30,27 @@ def _tracked_run(workdir: Path, *overrides: str) -> RunPaths:
     return paths
 
 
-def _wandb_run_record(paths: RunPaths) -> dict:
-    (folder,) = (paths.root / "wandb").glob("offline-run-*")
+def wandb_records(paths: RunPaths) -> list[dict]:
+    """Every record of the run's offline W&B files, attempt by attempt, as `wandb leet
+    inspect` (W&B's reader of its .wandb transaction logs) reads them."""
     reader = Path(sys.executable).parent / "wandb"
-    out = subprocess.run(
-        [str(reader), "leet", "inspect", "--json", str(folder)],
-        capture_output=True,
-        text=True,
-        check=True,
-        timeout=60,
-    ).stdout
-    records = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
-    return next(r["run"] for r in records if r["type"] == "run")
+    records = []
+    for folder in sorted((paths.root / "wandb").glob("offline-run-*")):
+        out = subprocess.run(
+            [str(reader), "leet", "inspect", "--json", str(folder)],
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=60,
+        ).stdout
+        records += [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    return records
+
+
+def _wandb_run_record(paths: RunPaths) -> dict:
+    """The run record of the one offline W&B run in the run folder."""
+    assert len(list((paths.root / "wandb").glob("offline-run-*"))) == 1
+    return next(r["run"] for r in wandb_records(paths) if r["type"] == "run")
 
 
 def test_the_points_of_a_sweep_share_a_group_and_a_store(tmp_path):
