@@ -15,10 +15,12 @@ from pipeline.core.paths import RunPaths
 from pipeline.core.steps import Interrupted, Placement
 from pipeline.orchestration import rendezvous
 from pipeline.orchestration.graph import ArrayStep, Step
-from pipeline.runtime import distributed, progress
+from pipeline.runtime import distributed, faults, progress
 from pipeline.training import signals
 
 _log = log.get()
+ATTEMPT_ENV = "PIPELINE_ATTEMPT"  # set by the job's supervisor: the attempt the ranks are
+SUPERVISED_ENV = "PIPELINE_SUPERVISED"  # the watchdog leaves the decision to the supervisor
 
 
 def export_distributed_env(rendezvous_timeout_s: float) -> None:
@@ -33,7 +35,8 @@ def export_distributed_env(rendezvous_timeout_s: float) -> None:
         if "MASTER_ADDR" not in os.environ:  # a site's own setting wins
             exported.master_addr = rendezvous.address_of(exported.master_addr)
         if "MASTER_PORT" not in os.environ:
-            exported.master_port = rendezvous.port_of(env.job_id)
+            attempt = os.environ.get(ATTEMPT_ENV)  # its own port: the last one's may linger
+            exported.master_port = rendezvous.port_of(f"{env.job_id}.{attempt or ''}")
         exported.export(set_cuda_visible_devices=False)
         os.environ[distributed.RENDEZVOUS_TIMEOUT_ENV] = str(rendezvous_timeout_s)
 
@@ -68,9 +71,34 @@ class DistributedTask:
         except StageError as e:  # the job's log says why in one line, above submitit's trace
             _log.error(f"error: {e}")
             raise
+        except Exception as e:
+            if self.step.placement is not Placement.TRAINING_RANKS:
+                raise
+            raise died(self.cfg, e) from e
         if isinstance(result, Interrupted) and result.requeue:
             requeue(self.cfg.train.max_requeues)
         return result
+
+
+def died(cfg: PipelineConfig, error: Exception) -> Exception:
+    """A training rank ending on `error` leaves what and at which step for the job's
+    supervisor. Out of memory: the one line that says which keys to change."""
+    step = progress.reported_step()
+    if step is None:
+        return error
+    me = distributed.from_env()
+    faults.write_death(RunPaths.of(cfg.workdir).progress, me.rank, step, error)
+    if not faults.out_of_memory(error):
+        return error
+    t = cfg.train
+    line = (
+        f"out of memory in step {step + 1} on rank {me.rank} ({progress.node_name()}): lower "
+        f"train.micro_batch_size (now {t.micro_batch_size}) or recompute activations with "
+        f"train.recompute=selective or full (now {getattr(t.recompute, 'value', t.recompute)}); "
+        "not retried"
+    )
+    _log.error(f"error: {line}")
+    return StageError(line)
 
 
 # torch's defaults where the job sets none: a failed or timed-out NCCL collective ends the
@@ -97,7 +125,7 @@ def watched(cfg: PipelineConfig) -> None:
     progress.start(paths.progress, me.rank)
     if me.local_rank != 0:
         return
-    attempt = os.environ.get("SLURM_RESTART_COUNT", "0")
+    attempt = os.environ.get(ATTEMPT_ENV) or os.environ.get("SLURM_RESTART_COUNT", "0")
     subprocess.Popen(
         [
             sys.executable,
@@ -109,6 +137,7 @@ def watched(cfg: PipelineConfig) -> None:
             attempt,
             "auto" if timeout is None else str(timeout),
             str(cfg.cluster.max_restarts),
+            "supervisor" if SUPERVISED_ENV in os.environ else "self",
         ],
         stdin=subprocess.DEVNULL,
         start_new_session=True,  # a Ctrl-C to the job's group is the ranks' to handle
