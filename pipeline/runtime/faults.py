@@ -123,21 +123,18 @@ def diagnose(
     if lost:
         ranks = sorted(r.rank for r in reports.values() if r.node in lost)
         record = {"kind": NODE_LOST, "ranks": ranks, "nodes": lost}
-        line = f"node lost: {', '.join(lost)} left the job (ranks {ranks})"
+        who, what = f"{', '.join(lost)} (ranks {ranks})", "left the job"
     elif deaths:
         first = deaths[0]
         record = {"kind": first["kind"], "ranks": [first["rank"]], "nodes": [first["node"]]}
-        line = (
-            f"{first['kind']}: rank {first['rank']} on {first['node']} in step "
-            f"{first['step'] + 1}: {first['error']}"
-        )
+        who, what = f"rank {first['rank']} on {first['node']}", first["error"]
     elif ended:
         node, listed, how = ended[0]
         record = {"kind": CRASH, "ranks": _tasks(listed), "nodes": [node]}
-        line = f"crash: rank(s) {listed} on {node}: {how}"  # the step: the record's
+        who, what = f"rank(s) {listed} on {node}", how
     else:
         record = {"kind": CRASH, "ranks": [], "nodes": []}
-        line = "crash: the ranks ended with an error and none said which"
+        who, what = "a rank", "ended with an error and none said which"
     culprits = [reports[r] for r in record["ranks"] if r in reports]
     step = max(
         (r.step for r in culprits), default=max((r.step for r in reports.values()), default=0)
@@ -155,6 +152,6 @@ def diagnose(
         "step": step + 1,
         "steps_lost": lost_steps,
         "seconds_lost": round(time.time() - since + lost_steps * step_s, 1),
-        "line": line,
+        "line": f"{record['kind']}: {who} in step {step + 1}: {what}",
         **({"last_lines": quoted} if quoted and record["kind"] == CRASH else {}),
     }

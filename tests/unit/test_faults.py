@@ -33,7 +33,7 @@ def test_a_crash_srun_reports_names_the_first_rank_and_quotes_its_log(tmp_path):
     assert fault["kind"] == "crash" and fault["ranks"] == [1] and fault["nodes"] == ["n2"]
     assert fault["step"] == 15 and fault["attempt"] == 2
     assert fault["last_lines"][-1] == "ValueError: bad row"
-    assert fault["line"] == "crash: rank(s) 1 on n2: Exited with exit code 1"
+    assert fault["line"] == "crash: rank(s) 1 on n2 in step 15: Exited with exit code 1"
 
 
 def test_a_rank_s_own_record_wins_and_tells_out_of_memory_apart(tmp_path):
