@@ -20,7 +20,6 @@ from typing import TYPE_CHECKING, Any
 
 from pipeline.config import PipelineConfig
 from pipeline.core import log
-from pipeline.core.errors import StageError
 from pipeline.core.paths import RunPaths
 from pipeline.orchestration.graph import Step
 from pipeline.orchestration.tasks import ATTEMPT_ENV, SUPERVISED_ENV, DistributedTask
@@ -67,7 +66,7 @@ class Supervisor:
             excluded = fault_actions.excluded_nodes(paths.failures_log, job)
             nodes = [n for n in allocated if n not in excluded][: needs.nodes]
             if len(nodes) < needs.nodes:
-                raise StageError(f"{len(nodes)} usable node(s) left for {needs.nodes} ranks")
+                _stop(f"{len(nodes)} usable node(s) left in the job for {needs.nodes}")
             faults.clear(paths.progress)
             ended = self._srun(task, folder, nodes, attempt)
             if ended.returncode == 0 or self.stopping:
@@ -88,10 +87,10 @@ class Supervisor:
                 held=job_nodes(job),
                 needed=needs.nodes,
             )
-            if not action.startswith("restarted"):
-                if action.startswith("requeued"):
-                    return None
-                raise StageError(action)
+            if action.startswith("requeued"):
+                return None
+            if action.startswith("stopped"):
+                raise SystemExit(1)  # said in one line as the fault was recorded
 
     def _stop(self, signum, frame) -> None:
         self.stopping = True
@@ -141,6 +140,12 @@ def srun_args(cfg: PipelineConfig) -> list[str]:
     if c.container_mounts:
         args.append(f"--container-mounts={','.join(c.container_mounts)}")
     return [*args, *c.srun_args]
+
+
+def _stop(line: str) -> None:
+    """End the job as failed, in one line (no trace: nothing is wrong with the code)."""
+    _log.error(f"error: {line}")
+    raise SystemExit(1)
 
 
 def _write_task(path: Path, task: DistributedTask) -> None:

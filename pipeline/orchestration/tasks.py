@@ -68,37 +68,24 @@ class DistributedTask:
                 watched(self.cfg)
             share_cpu_threads()
             result = self.step.run(self.cfg)
-        except StageError as e:  # the job's log says why in one line, above submitit's trace
-            _log.error(f"error: {e}")
-            raise
         except Exception as e:
-            if self.step.placement is not Placement.TRAINING_RANKS:
-                raise
-            raise died(self.cfg, e) from e
+            if self.step.placement is Placement.TRAINING_RANKS:
+                record_death(self.cfg, e)
+            if isinstance(e, StageError):  # the job's log says why in one line, above the trace
+                _log.error(f"error: {e}")
+            raise
         if isinstance(result, Interrupted) and result.requeue:
             requeue(self.cfg.train.max_requeues)
         return result
 
 
-def died(cfg: PipelineConfig, error: Exception) -> Exception:
-    """A training rank ending on `error` leaves what and at which step for the job's
-    supervisor. Out of memory: the one line that says which keys to change."""
+def record_death(cfg: PipelineConfig, error: Exception) -> None:
+    """A training rank ending on `error` leaves what, and at which step, for the job's
+    supervisor (pipeline.orchestration.supervisor)."""
     step = progress.reported_step()
-    if step is None:
-        return error
-    me = distributed.from_env()
-    faults.write_death(RunPaths.of(cfg.workdir).progress, me.rank, step, error)
-    if not faults.out_of_memory(error):
-        return error
-    t = cfg.train
-    line = (
-        f"out of memory in step {step + 1} on rank {me.rank} ({progress.node_name()}): lower "
-        f"train.micro_batch_size (now {t.micro_batch_size}) or recompute activations with "
-        f"train.recompute=selective or full (now {getattr(t.recompute, 'value', t.recompute)}); "
-        "not retried"
-    )
-    _log.error(f"error: {line}")
-    return StageError(line)
+    if step is not None:
+        rank = distributed.from_env().rank
+        faults.write_death(RunPaths.of(cfg.workdir).progress, rank, step, error)
 
 
 # torch's defaults where the job sets none: a failed or timed-out NCCL collective ends the

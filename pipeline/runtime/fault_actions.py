@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import time
 from pathlib import Path
@@ -104,6 +105,11 @@ def partition_nodes() -> set[str] | None:
     return set(shown.stdout.split()) if shown.returncode == 0 else None
 
 
+def _outlive_the_requeue() -> None:
+    """The requeue signals every process of the job: the commands that follow it must run."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+
+
 def requeue_without(job: str, nodes: list[str]) -> None:
     """Back in the queue, never again on `nodes`: held as it is requeued, so that it cannot
     start before its excluded nodes are set (Slurm changes them only on a pending job)."""
@@ -112,7 +118,13 @@ def requeue_without(job: str, nodes: list[str]) -> None:
         ["update", f"JobId={job}", f"ExcNodeList={','.join(nodes)}"],
         ["release", job],
     ):
-        done = subprocess.run(["scontrol", *args], capture_output=True, text=True, timeout=60)
+        done = subprocess.run(
+            ["scontrol", *args],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            preexec_fn=_outlive_the_requeue,
+        )
         if done.returncode != 0:
             _log.error(f"scontrol {' '.join(args)}: {done.stderr.strip() or done.returncode}")
 
@@ -175,8 +187,12 @@ def act_on(
     record = {**fault, "job": job, "job_nodes": needed, "allocation": allocation}
     before = earlier(failures, job)
     action, aside = decide_supervised(record, before, max_restarts, held, needed)
+    partition = partition_nodes()
+    left = partition - set(aside) - excluded_nodes(failures, job) if partition else None
     if action.startswith("requeued") and allocation >= max_requeues:
         action = f"stopped: {allocation} requeues reached train.max_requeues"
+    elif action.startswith("requeued") and left is not None and len(left) < needed:
+        action = f"stopped: the partition has fewer than {needed} nodes without those at fault"
     record.update(action=action, excluded=aside)
     with open(failures, "a") as f:  # one short line: a single write, whole
         f.write(json.dumps(record) + "\n")

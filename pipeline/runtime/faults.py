@@ -55,6 +55,7 @@ def write_death(folder: Path, rank: int, step: int, error: BaseException) -> Non
     kind = OUT_OF_MEMORY if out_of_memory(error) else CRASH
     line = f"{type(error).__name__}: {str(error).strip().splitlines()[0] if str(error) else ''}"
     record = {"kind": kind, "rank": rank, "node": progress.node_name(), "step": step}
+    record["at"] = time.time()  # the first to die is the fault; the others, its peers
     files.write_json(folder / f"died-{rank}.json", {**record, "error": line.strip()})
 
 
@@ -114,10 +115,14 @@ def diagnose(
     hangs = sorted(paths.progress.glob("hang-*.json"), key=lambda p: p.stat().st_mtime)
     lost = sorted(n for n in nodes if n not in now_held) or sorted(down(nodes))
     deaths = sorted(
-        (files.read_json(p) for p in paths.progress.glob("died-*.json")),
-        key=lambda d: d["step"],
+        (files.read_json(p) for p in paths.progress.glob("died-*.json")), key=lambda d: d["at"]
     )
     ended = [m.groups() for m in map(_SRUN_TASKS.search, srun_lines.splitlines()) if m]
+    if ended and not any(d["kind"] == OUT_OF_MEMORY for d in deaths):
+        # a rank killed by a signal leaves no record, and its peers' errors follow its end
+        first = set(_tasks(ended[0][1]))
+        deaths = deaths if any(d["rank"] in first for d in deaths) else []
+    deaths.sort(key=lambda d: d["kind"] != OUT_OF_MEMORY)
     if hangs:
         return {**files.read_json(hangs[0]), "attempt": attempt}
     if lost:

@@ -63,3 +63,12 @@ def test_a_node_gone_from_the_job_is_lost_and_a_hang_record_comes_first(tmp_path
 def test_attempts_are_counted_across_restarts(tmp_path):
     counter = tmp_path / "attempts"
     assert [faults.next_attempt(counter) for _ in range(3)] == [1, 2, 3]
+
+
+def test_a_rank_killed_by_a_signal_is_the_fault_not_the_peer_whose_collective_broke(tmp_path):
+    paths = _attempt(tmp_path)
+    faults.write_death(paths.progress, 0, 14, RuntimeError("Connection closed by peer"))
+    killed = "srun: error: n2: task 1: Killed\nsrun: error: n1: task 0: Exited with exit code 1\n"
+    fault = faults.diagnose(paths, killed, ["n1", "n2"], ["n1", "n2"], _log(tmp_path), 1)
+    assert fault["ranks"] == [1] and fault["nodes"] == ["n2"] and fault["kind"] == "crash"
+    assert fault["line"] == "crash: rank(s) 1 on n2 in step 15: Killed"
