@@ -161,7 +161,7 @@ def decide_supervised(
 ) -> tuple[str, list[str]]:
     """The supervisor's action for a fault, and the nodes it sets aside. `held`: the job's
     nodes now; `needed`: how many an attempt runs on."""
-    if record["kind"] == "out of memory":
+    if record["kind"] in ("out of memory", "stopped"):  # it would end the same way again
         return f"stopped, not retried: {record['line']}", []
     stop = no_progress(record, before)
     if stop:

@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 from pipeline.core import files
+from pipeline.core.errors import StageError
 from pipeline.core.paths import CHECKPOINT_TRACKER, RunPaths
 from pipeline.runtime import progress
 
@@ -19,6 +20,7 @@ HANG = "hang"
 CRASH = "crash"
 OUT_OF_MEMORY = "out of memory"
 NODE_LOST = "node lost"
+STOPPED = "stopped"  # a rank stopped the run on purpose (StageError: diverged, a bad input...)
 QUOTED_LINES = 5  # of a crashed rank's log
 
 # srun: error: n2: task 1: Exited with exit code 1  /  srun: error: n2: tasks 0-1: Killed
@@ -52,7 +54,13 @@ def found_since(folder: Path, since: float) -> bool:
 
 def write_death(folder: Path, rank: int, step: int, error: BaseException) -> None:
     """This rank is ending on `error`: what and at which step, for the job's supervisor."""
-    kind = OUT_OF_MEMORY if out_of_memory(error) else CRASH
+    kind = (
+        OUT_OF_MEMORY
+        if out_of_memory(error)
+        else STOPPED
+        if isinstance(error, StageError)
+        else CRASH
+    )
     line = f"{type(error).__name__}: {str(error).strip().splitlines()[0] if str(error) else ''}"
     record = {"kind": kind, "rank": rank, "node": progress.node_name(), "step": step}
     record["at"] = time.time()  # the first to die is the fault; the others, its peers
@@ -118,11 +126,11 @@ def diagnose(
         (files.read_json(p) for p in paths.progress.glob("died-*.json")), key=lambda d: d["at"]
     )
     ended = [m.groups() for m in map(_SRUN_TASKS.search, srun_lines.splitlines()) if m]
-    if ended and not any(d["kind"] == OUT_OF_MEMORY for d in deaths):
+    if ended and not any(d["kind"] in (OUT_OF_MEMORY, STOPPED) for d in deaths):
         # a rank killed by a signal leaves no record, and its peers' errors follow its end
         first = set(_tasks(ended[0][1]))
         deaths = deaths if any(d["rank"] in first for d in deaths) else []
-    deaths.sort(key=lambda d: d["kind"] != OUT_OF_MEMORY)
+    deaths.sort(key=lambda d: d["kind"] not in (OUT_OF_MEMORY, STOPPED))
     if hangs:
         return {**files.read_json(hangs[0]), "attempt": attempt}
     if lost:

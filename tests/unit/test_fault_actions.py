@@ -99,6 +99,8 @@ def test_the_same_crash_at_the_same_step_stops_and_out_of_memory_is_never_retrie
         "stopped, not retried: out of memory in step 3 ...",
         [],
     )
+    diverged = _supervised("stopped", 3, ["n1"], 1, line="stopped: ... NonFinite: ...")
+    assert decide_supervised(diverged, [], 3, HELD, 2)[0].startswith("stopped, not retried")
 
 
 def test_restarts_in_one_allocation_stop_at_cluster_max_restarts_then_the_job_requeues():

@@ -72,3 +72,15 @@ def test_a_rank_killed_by_a_signal_is_the_fault_not_the_peer_whose_collective_br
     fault = faults.diagnose(paths, killed, ["n1", "n2"], ["n1", "n2"], _log(tmp_path), 1)
     assert fault["ranks"] == [1] and fault["nodes"] == ["n2"] and fault["kind"] == "crash"
     assert fault["line"] == "crash: rank(s) 1 on n2 in step 15: Killed"
+
+
+def test_a_rank_that_stopped_the_run_on_purpose_is_not_taken_for_a_crash(tmp_path):
+    from pipeline.core.errors import NonFinite
+
+    paths = _attempt(tmp_path)
+    faults.write_death(paths.progress, 0, 14, NonFinite("10 steps skipped in a row"))
+    fault = faults.diagnose(paths, SRUN, ["n1", "n2"], ["n1", "n2"], _log(tmp_path), 1)
+    assert fault["kind"] == "stopped" and fault["ranks"] == [0]
+    node = progress.node_name()  # where the rank died: this machine
+    expected = f"stopped: rank 0 on {node} in step 15: NonFinite: 10 steps skipped in a row"
+    assert fault["line"] == expected
