@@ -367,7 +367,13 @@ class ClusterConfig:
     )
     max_restarts: int = command(
         3,
-        "times a training job requeues itself, without the nodes at fault, after a hang",
+        "times a training job restarts its ranks in its allocation after a fault, from the "
+        "newest checkpoint; then it requeues itself without the nodes at fault",
+        bound=NOT_NEGATIVE,
+    )
+    spare_nodes: int = command(
+        0,
+        "nodes a training job holds beyond cluster.nodes, each to take a faulty node's place",
         bound=NOT_NEGATIVE,
     )
 

@@ -20,6 +20,11 @@ class NonFinite(StageError):
     """Training met a loss, gradient or weights that are NaN or infinite."""
 
 
+class OutOfMemory(StageError):
+    """A training step needed more memory than its device has: never retried, it would fail
+    the same way."""
+
+
 class RunLocked(RuntimeError):
     """Another launcher holds the run folder."""
 

@@ -15,10 +15,12 @@ from pipeline.core.paths import RunPaths
 from pipeline.core.steps import Interrupted, Placement
 from pipeline.orchestration import rendezvous
 from pipeline.orchestration.graph import ArrayStep, Step
-from pipeline.runtime import distributed, progress
+from pipeline.runtime import distributed, faults, progress
 from pipeline.training import signals
 
 _log = log.get()
+ATTEMPT_ENV = "PIPELINE_ATTEMPT"  # set by the job's supervisor: the attempt the ranks are
+SUPERVISED_ENV = "PIPELINE_SUPERVISED"  # the watchdog leaves the decision to the supervisor
 
 
 def export_distributed_env(rendezvous_timeout_s: float) -> None:
@@ -33,7 +35,8 @@ def export_distributed_env(rendezvous_timeout_s: float) -> None:
         if "MASTER_ADDR" not in os.environ:  # a site's own setting wins
             exported.master_addr = rendezvous.address_of(exported.master_addr)
         if "MASTER_PORT" not in os.environ:
-            exported.master_port = rendezvous.port_of(env.job_id)
+            attempt = os.environ.get(ATTEMPT_ENV)  # its own port: the last one's may linger
+            exported.master_port = rendezvous.port_of(f"{env.job_id}.{attempt or ''}")
         exported.export(set_cuda_visible_devices=False)
         os.environ[distributed.RENDEZVOUS_TIMEOUT_ENV] = str(rendezvous_timeout_s)
 
@@ -65,12 +68,24 @@ class DistributedTask:
                 watched(self.cfg)
             share_cpu_threads()
             result = self.step.run(self.cfg)
-        except StageError as e:  # the job's log says why in one line, above submitit's trace
-            _log.error(f"error: {e}")
+        except Exception as e:
+            if self.step.placement is Placement.TRAINING_RANKS:
+                record_death(self.cfg, e)
+            if isinstance(e, StageError):  # the job's log says why in one line, above the trace
+                _log.error(f"error: {e}")
             raise
         if isinstance(result, Interrupted) and result.requeue:
             requeue(self.cfg.train.max_requeues)
         return result
+
+
+def record_death(cfg: PipelineConfig, error: Exception) -> None:
+    """A training rank ending on `error` leaves what, and at which step, for the job's
+    supervisor (pipeline.orchestration.supervisor)."""
+    step = progress.reported_step()
+    if step is not None:
+        rank = distributed.from_env().rank
+        faults.write_death(RunPaths.of(cfg.workdir).progress, rank, step, error)
 
 
 # torch's defaults where the job sets none: a failed or timed-out NCCL collective ends the
@@ -97,7 +112,7 @@ def watched(cfg: PipelineConfig) -> None:
     progress.start(paths.progress, me.rank)
     if me.local_rank != 0:
         return
-    attempt = os.environ.get("SLURM_RESTART_COUNT", "0")
+    attempt = os.environ.get(ATTEMPT_ENV) or os.environ.get("SLURM_RESTART_COUNT", "0")
     subprocess.Popen(
         [
             sys.executable,
@@ -109,6 +124,7 @@ def watched(cfg: PipelineConfig) -> None:
             attempt,
             "auto" if timeout is None else str(timeout),
             str(cfg.cluster.max_restarts),
+            "supervisor" if SUPERVISED_ENV in os.environ else "self",
         ],
         stdin=subprocess.DEVNULL,
         start_new_session=True,  # a Ctrl-C to the job's group is the ranks' to handle

@@ -95,7 +95,7 @@ def write_summary(paths: RunPaths, evaluation: dict | None = None) -> dict:
     summary.update({k: train[k] for k in SUMMARY_FROM_TRAIN if k in train})
     summary["resumes"] = len(read_metrics(paths).resumes)
     failures = read_failures(paths)
-    summary["restarts"] = sum(r["action"].startswith("requeued") for r in failures)
+    summary["restarts"] = sum(r["action"].startswith(("requeued", "restarted")) for r in failures)
     summary["lost_seconds"] = round(sum(r["seconds_lost"] for r in failures), 1)
     if evaluation is None:
         evaluation = current_evaluation(paths)

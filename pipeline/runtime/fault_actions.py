@@ -1,16 +1,24 @@
-"""What a training job does about a fault its watchdog found, and the record of it in
-train/failures.jsonl (time, attempt, kind, ranks, nodes, steps and seconds lost, action).
+"""What a training job does about a fault, and the record of it in train/failures.jsonl
+(time, attempt, kind, ranks, nodes, steps and seconds lost, action).
 
-Under Slurm the job puts itself back in the queue without the nodes implicated in this job's
-faults (`--exclude`), up to cluster.max_restarts times. A fault of the same kind at the same
-step as the one before it means the restart made no progress: the run stops there, in one
-line, instead of looping. Elsewhere (cluster.executor=subprocess) the attempt just ends.
+A job the pipeline submitted has a supervisor (pipeline.orchestration.supervisor), which
+restarts the ranks inside the allocation (`act_on`). A node is set aside once it is implicated
+in a hang or a loss, or in two crashes (one may be the software's); a spare node takes its
+place. With no spare left or cluster.max_restarts spent in this allocation, the job puts itself
+back in the queue without the nodes set aside. Ranks started by a hand-written sbatch script
+have none: their node's watchdog requeues the job without the node at fault (`handle`).
+
+Either way, a fault of the same kind at the same step as the one before it means the restart
+made no progress: the run stops there, in one line, instead of looping. An out-of-memory is
+never retried: it would fail again the same way. Elsewhere (cluster.executor=subprocess) the
+attempt just ends.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import time
 from pathlib import Path
@@ -40,6 +48,18 @@ def recorded_since(failures: Path, attempt: int, since: float) -> bool:
     return False
 
 
+def no_progress(record: dict, before: list[dict]) -> str | None:
+    """The stop line when `record` repeats the fault before it, at the same step."""
+    last = before[-1] if before else None
+    repeated = last and last["attempt"] < record["attempt"] and last["kind"] == record["kind"]
+    if repeated and last["step"] == record["step"]:
+        return (
+            f"stopped: a {record['kind']} at step {record['step']} again after a restart, "
+            "which made no progress"
+        )
+    return None
+
+
 def decide(
     record: dict, before: list[dict], max_restarts: int, nodes: set[str] | None = None
 ) -> tuple[str, list[str]]:
@@ -48,14 +68,9 @@ def decide(
     (else only this fault's nodes are left out, or none can be and the run stops)."""
     if record.get("job") is None:
         return "ended the attempt", []
-    last = before[-1] if before else None
-    repeated = last and last["attempt"] < record["attempt"] and last["kind"] == record["kind"]
-    if repeated and last["step"] == record["step"]:
-        return (
-            f"stopped: a {record['kind']} at step {record['step']} again after a restart, "
-            "which made no progress",
-            [],
-        )
+    stop = no_progress(record, before)
+    if stop:
+        return stop, []
     restarts = [r for r in before if r["action"].startswith("requeued")]
     if len(restarts) >= max_restarts:
         return f"stopped: {len(restarts)} restarts reached cluster.max_restarts", []
@@ -90,6 +105,11 @@ def partition_nodes() -> set[str] | None:
     return set(shown.stdout.split()) if shown.returncode == 0 else None
 
 
+def _outlive_the_requeue() -> None:
+    """The requeue signals every process of the job: the commands that follow it must run."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+
+
 def requeue_without(job: str, nodes: list[str]) -> None:
     """Back in the queue, never again on `nodes`: held as it is requeued, so that it cannot
     start before its excluded nodes are set (Slurm changes them only on a pending job)."""
@@ -98,7 +118,13 @@ def requeue_without(job: str, nodes: list[str]) -> None:
         ["update", f"JobId={job}", f"ExcNodeList={','.join(nodes)}"],
         ["release", job],
     ):
-        done = subprocess.run(["scontrol", *args], capture_output=True, text=True, timeout=60)
+        done = subprocess.run(
+            ["scontrol", *args],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            preexec_fn=_outlive_the_requeue,
+        )
         if done.returncode != 0:
             _log.error(f"scontrol {' '.join(args)}: {done.stderr.strip() or done.returncode}")
 
@@ -114,4 +140,68 @@ def handle(failures: Path, record: dict, max_restarts: int) -> str:
     _log.error(f"{record['kind']} at step {record['step']}: {action}")
     if job and excluded:
         requeue_without(job, excluded)
+    return action
+
+
+def excluded_nodes(failures: Path, job: str) -> set[str]:
+    """The nodes this job's faults have set aside so far."""
+    return {n for r in earlier(failures, job) for n in r.get("excluded", [])}
+
+
+def implicated(record: dict, before: list[dict]) -> set[str]:
+    """The nodes `record` sets aside: a hang's or a loss's at once, a crash's the second time."""
+    if record["kind"] in ("hang", "node lost"):
+        return set(record["nodes"])
+    crashes = [n for r in [*before, record] if r["kind"] == "crash" for n in r["nodes"]]
+    return {n for n in record["nodes"] if crashes.count(n) >= 2}
+
+
+def decide_supervised(
+    record: dict, before: list[dict], max_restarts: int, held: list[str], needed: int
+) -> tuple[str, list[str]]:
+    """The supervisor's action for a fault, and the nodes it sets aside. `held`: the job's
+    nodes now; `needed`: how many an attempt runs on."""
+    if record["kind"] in ("out of memory", "stopped"):  # it would end the same way again
+        return f"stopped, not retried: {record['line']}", []
+    stop = no_progress(record, before)
+    if stop:
+        return stop, []
+    aside = sorted(implicated(record, before))
+    excluded = {n for r in before for n in r.get("excluded", [])} | set(aside)
+    usable = [n for n in held if n not in excluded]
+    this_allocation = [r for r in before if r.get("allocation") == record["allocation"]]
+    restarts = sum(r["action"].startswith("restarted") for r in this_allocation)
+    without = f" without {','.join(aside)}" if aside else ""
+    if restarts < max_restarts and len(usable) >= needed:
+        return f"restarted in the allocation{without}", aside
+    why = "no spare node left" if restarts < max_restarts else "cluster.max_restarts reached"
+    return f"requeued{without or ''} ({why})", aside
+
+
+def act_on(
+    failures: Path, fault: dict, max_restarts: int, max_requeues: int, held: list[str], needed: int
+) -> str:
+    """Decide, record and act for the job's supervisor; returns the action."""
+    job = os.environ["SLURM_JOB_ID"]
+    allocation = int(os.environ.get("SLURM_RESTART_COUNT", 0))
+    record = {**fault, "job": job, "job_nodes": needed, "allocation": allocation}
+    before = earlier(failures, job)
+    action, aside = decide_supervised(record, before, max_restarts, held, needed)
+    partition = partition_nodes()
+    left = partition - set(aside) - excluded_nodes(failures, job) if partition else None
+    if action.startswith("requeued") and allocation >= max_requeues:
+        action = f"stopped: {allocation} requeues reached train.max_requeues"
+    elif action.startswith("requeued") and left is not None and len(left) < needed:
+        action = f"stopped: the partition has fewer than {needed} nodes without those at fault"
+    record.update(action=action, excluded=aside)
+    with open(failures, "a") as f:  # one short line: a single write, whole
+        f.write(json.dumps(record) + "\n")
+    quoted = "".join(f"\n    | {line}" for line in record.get("last_lines", []))
+    log.get("supervisor").error(f"{record['line']}: {action}{quoted}")
+    if action.startswith("requeued"):
+        excluded = sorted(excluded_nodes(failures, job))
+        if excluded:
+            requeue_without(job, excluded)
+        else:
+            subprocess.run(["scontrol", "requeue", job], capture_output=True, timeout=60)
     return action

@@ -99,6 +99,11 @@ def phase(name: str, step: int | None = None) -> None:
         _reporter.phase(name, step)
 
 
+def reported_step() -> int | None:
+    """The step this rank reported last; None: not reporting."""
+    return _reporter.step if _reporter is not None else None
+
+
 def step_took(seconds: float) -> None:
     if _reporter is not None:
         _reporter.step_took(seconds)

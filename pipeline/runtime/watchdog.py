@@ -2,8 +2,8 @@
 (pipeline.orchestration.tasks), apart from every rank so that none can block it. Once a second
 it reads the node's ranks' progress (pipeline.runtime.progress); when one has made none for
 longer than its limit it names, in one line, the rank(s), node(s) and phase that stopped,
-has every rank of the node write its Python stack to its log, records the fault and acts on
-it (pipeline.runtime.fault_actions), and ends the attempt (SIGKILL to the node's ranks).
+has every rank of the node write its Python stack to its log, hands the fault to the job's
+supervisor (or records and acts on it itself, pipeline.runtime.fault_actions), and ends the attempt (SIGKILL to the node's ranks).
 
 The limit: cluster.hang_timeout_s when set; unset, ten times the slowest step measured in
 this attempt, at least a minute, and STARTUP_BOUND_S until a step has been measured. Start-up,
@@ -11,6 +11,9 @@ loading, validation, saving and finishing are allowed at least STARTUP_BOUND_S w
 setting: they may legitimately take minutes without a step.
 
     python -m pipeline.runtime.watchdog WORKDIR NODE PARENT_PID ATTEMPT TIMEOUT_S|auto MAX_RESTARTS
+        supervisor|self
+
+(supervisor: the job's supervisor decides what to do about a hang; self: this process does)
 """
 
 from __future__ import annotations
@@ -22,8 +25,8 @@ import time
 from pathlib import Path
 
 from pipeline.core import log
-from pipeline.core.paths import CHECKPOINT_TRACKER, RunPaths
-from pipeline.runtime import fault_actions
+from pipeline.core.paths import RunPaths
+from pipeline.runtime import fault_actions, faults
 from pipeline.runtime.progress import SLOW_PHASES, STACKS_SIGNAL, Progress, read
 
 STARTUP_BOUND_S = 900.0
@@ -97,15 +100,6 @@ def describe(r: Progress, now: float, node: str) -> str:
     )
 
 
-def checkpoint_step(checkpoints: Path) -> int:
-    try:
-        name = (checkpoints / CHECKPOINT_TRACKER).read_text().strip()
-    except OSError:
-        return 0
-    digits = "".join(ch for ch in name if ch.isdigit())
-    return int(digits) if digits else 0
-
-
 def dump_stacks(local: list[Progress]) -> None:
     """Every local rank writes its stack to its log; a stopped one is let run for the dump,
     then stopped again, so that it makes no progress meanwhile."""
@@ -127,6 +121,7 @@ def act(
     paths: RunPaths,
     attempt: int,
     max_restarts: int,
+    supervised: bool,
 ) -> None:
     """Name the ranks that stopped, dump the stacks, record and act, end the node's ranks. A
     node that sees one of its ranks stopped or stuck in I/O acts at once; the others wait a
@@ -136,7 +131,9 @@ def act(
     evidence = first_stopped(local, node)
     if not any(process_state(r.pid) in ("T", "D") for r in evidence):
         time.sleep(GRACE_S)
-        if fault_actions.recorded_since(paths.failures_log, attempt, since):
+        if fault_actions.recorded_since(paths.failures_log, attempt, since) or faults.found_since(
+            paths.progress, since
+        ):
             _log.error(f"hang: ranks on {node} waited for another node's; ending them")
             dump_stacks(local)
             end(local)
@@ -154,7 +151,7 @@ def act(
     )
     _log.error(line)
     step = min(r.step for r in culprits)
-    lost = max(0, step - checkpoint_step(paths.checkpoints))
+    lost = max(0, step - faults.checkpoint_step(paths.checkpoints))
     computed = lost * max(r.step_s for r in culprits)  # the steps to do again
     record = {
         "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
@@ -169,7 +166,10 @@ def act(
         "line": line,
     }
     dump_stacks(local)
-    fault_actions.handle(paths.failures_log, record, max_restarts)
+    if supervised:  # the job's supervisor decides, with what the other nodes saw
+        faults.write_finding(paths.progress, node, record)
+    else:
+        fault_actions.handle(paths.failures_log, record, max_restarts)
     end(local)
 
 
@@ -186,6 +186,7 @@ def watch(
     attempt: int,
     timeout_s: float | None,
     max_restarts: int,
+    supervised: bool,
 ) -> None:
     # every rank rewrites its file as it starts: older reports are a previous attempt's
     since = time.time() - 60.0
@@ -194,16 +195,17 @@ def watch(
         everyone = [r for r in read(paths.progress) if r.at >= since]
         local = [r for r in everyone if r.node == node and alive(r.pid)]
         if local and stalled(local, timeout_s, time.time()):
-            act(local, everyone, timeout_s, paths, attempt, max_restarts)
+            act(local, everyone, timeout_s, paths, attempt, max_restarts, supervised)
             return
 
 
 def main(argv: list[str]) -> None:
-    workdir, node, parent, attempt, timeout, max_restarts = argv
+    workdir, node, parent, attempt, timeout, max_restarts, decider = argv
     fixed = None if timeout == "auto" else float(timeout)
     # Slurm's requeue of this job ends its processes: this one finishes acting first
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    watch(RunPaths.of(workdir), node, int(parent), int(attempt), fixed, int(max_restarts))
+    paths, supervised = RunPaths.of(workdir), decider == "supervisor"
+    watch(paths, node, int(parent), int(attempt), fixed, int(max_restarts), supervised)
 
 
 if __name__ == "__main__":

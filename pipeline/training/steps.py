@@ -15,12 +15,14 @@ from pipeline.config import PipelineConfig, keys
 from pipeline.config.derived import validation_samples
 from pipeline.config.keys import Role
 from pipeline.core import files, provenance
+from pipeline.core.errors import OutOfMemory, StageError
 from pipeline.core.paths import RunPaths
 from pipeline.core.provenance import MadeFrom
 from pipeline.core.steps import Change, Interrupted, MarkedStep, Placement
 from pipeline.data import sources
 from pipeline.data.steps import VERIFY
 from pipeline.model.huggingface.files import identity
+from pipeline.runtime import faults, progress
 from pipeline.training import checkpoint_records, signals
 
 if TYPE_CHECKING:
@@ -74,10 +76,28 @@ class TrainStep(MarkedStep):
         signals.listen()  # a stop signal from now on is acted on at the first step boundary
         from pipeline.training.trainer import Trainer  # torch: imported by the job that trains
 
-        trainer = Trainer(cfg, made_from)
-        if trainer.rank.is_first:
-            files.write_text(paths.train_config, config.to_yaml(cfg))
-        return trainer.fit()
+        try:
+            trainer = Trainer(cfg, made_from)
+            if trainer.rank.is_first:
+                files.write_text(paths.train_config, config.to_yaml(cfg))
+            return trainer.fit()
+        except Exception as e:
+            if isinstance(e, StageError) or not faults.out_of_memory(e):
+                raise
+            raise OutOfMemory(out_of_memory_line(cfg, e)) from e
+
+
+def out_of_memory_line(cfg: PipelineConfig, error: Exception) -> str:
+    """What ran out of memory, and the keys that need less of it."""
+    step = progress.reported_step()
+    where = f" in step {step + 1}" if step is not None else ""
+    t = cfg.train
+    recompute = getattr(t.recompute, "value", t.recompute)
+    return (
+        f"out of memory{where} ({str(error).strip().splitlines()[0][:120]}): lower "
+        f"train.micro_batch_size (now {t.micro_batch_size}) or recompute activations with "
+        f"train.recompute=selective or full (now {recompute}); not retried"
+    )
 
 
 TRAIN = TrainStep()

@@ -74,3 +74,28 @@ def test_two_ranks_agree_and_stop_at_the_same_step_in_one_line(tokenized, tmp_pa
     logs = sorted((workdir / "logs" / "jobs" / "train").glob("*/*_log.err"))
     stops = [re.findall(r"NonFinite: (step \d+)", log.read_text())[-1:] for log in logs]
     assert len(stops) == 2 and stops[0] == stops[1] and stops[0][0] in last, stops
+
+
+def _address_space(limit: int):
+    import resource
+
+    return lambda: resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+
+
+def test_out_of_memory_is_one_line_naming_the_keys_that_need_less(tokenized, tmp_path):
+    workdir = copy_tokenized(tokenized, tmp_path / "run")
+    # a micro-batch whose activations need ~13 GiB, in a process allowed 6 GiB of address space
+    big = ["train.micro_batch_size=16384", "train.global_batch_size=16384"]
+    result = cli(
+        f"workdir={workdir}",
+        *SMALL_SERIAL,
+        *big,
+        "stages=[train]",
+        "train.steps=4",
+        "train.warmup_steps=1",
+        preexec_fn=_address_space(6 << 30),
+    )
+    assert result.returncode == 1, result.stderr[-3000:]
+    [line] = [line for line in result.stderr.splitlines() if "out of memory" in line]
+    assert "train.micro_batch_size (now 16384)" in line and "train.recompute=" in line
+    assert line.endswith("not retried") and "Traceback" not in result.stderr

@@ -1,8 +1,8 @@
-"""A hung rank on a real 3-node Slurm cluster: a rank of a 2-node training job frozen with
-SIGSTOP mid-training is found by its node's watchdog within cluster.hang_timeout_s + 30 s,
-every rank's stack is in the job's log, and the job requeues itself without that node; the
-run resumes from its newest checkpoint on the other two and ends with the loss curve of a run
-that never hung."""
+"""A hung rank on a real 3-node Slurm cluster: a rank of a 2-node training job with a spare
+node, frozen with SIGSTOP mid-training, is found by its node's watchdog within
+cluster.hang_timeout_s + 30 s, every rank's stack is in the job's log, and the ranks restart
+in the same allocation with the spare in the frozen node's place; the run resumes from its
+newest checkpoint and ends with the loss curve of a run that never hung."""
 
 from __future__ import annotations
 
@@ -19,10 +19,11 @@ from tests.slurm.test_pipeline_on_slurm import pipeline, wait_for
 
 HANG_TIMEOUT_S = 10
 TWO_NODES = ["cluster=slurm", "cluster.nodes=2", "cluster.tasks_per_node=1"]
+SPARE = ["cluster.spare_nodes=1"]
 STEPS = ["train.steps=60", "train.save_interval=10", "train.log_interval=1"]
 
 
-def test_a_frozen_rank_is_named_and_the_job_resumes_without_its_node(
+def test_a_frozen_rank_is_named_and_the_ranks_restart_on_the_spare_node(
     slurm_cluster, tokenized, tmp_path
 ):
     workdir = copy_tokenized(tokenized, tmp_path / "run")
@@ -32,6 +33,7 @@ def test_a_frozen_rank_is_named_and_the_job_resumes_without_its_node(
         *SMALL_SERIAL,
         *BATCH,
         *TWO_NODES,
+        *SPARE,
         *STEPS,
         "cluster.cpus_per_task=1",
         f"cluster.hang_timeout_s={HANG_TIMEOUT_S}",
@@ -54,7 +56,8 @@ def test_a_frozen_rank_is_named_and_the_job_resumes_without_its_node(
     (record,) = [json.loads(line) for line in paths.failures_log.read_text().splitlines()]
     assert record["kind"] == "hang" and record["ranks"] == [1]
     assert record["nodes"] == [frozen.node] and record["steps_lost"] >= 5
-    assert record["action"] == f"requeued without {frozen.node}"
+    assert record["action"] == f"restarted in the allocation without {frozen.node}"
+    assert record["excluded"] == [frozen.node] and record["allocation"] == 0
     assert "(process stopped)" in record["line"]
     [job] = json.loads((workdir / "jobs.json").read_text())[-1]["jobs"]["train"]
     logs = "".join(
@@ -65,6 +68,8 @@ def test_a_frozen_rank_is_named_and_the_job_resumes_without_its_node(
     first, second = json.loads(paths.ranks.read_text())["attempts"]
     assert frozen.node in {r["node"] for r in first["ranks"]}
     assert frozen.node not in {r["node"] for r in second["ranks"]}
+    assert len({r["node"] for r in first["ranks"] + second["ranks"]}) == 3  # the spare's turn
+    assert "requeued" not in logs  # the same allocation throughout
     assert second["from_step"] >= 10
 
     summary = json.loads(paths.summary.read_text())

@@ -110,8 +110,9 @@ def test_a_node_lost_mid_training_is_requeued_and_finishes_from_its_last_checkpo
     slurm_cluster, tokenized, tmp_path
 ):
     """One node of the 2-node training job is lost while it trains (its slurmd and everything
-    it ran killed, the node DOWN): Slurm ends the job (NODE_FAIL) and requeues it onto the
-    nodes left; it resumes from its newest complete checkpoint, the checkpoints completed
+    it ran killed, the node DOWN): it leaves the job (--no-kill), the job's supervisor tells a
+    lost node from a crash and, with no spare, requeues the job without it onto the nodes
+    left; it resumes from its newest complete checkpoint, the checkpoints completed
     before stay as they were, and the loss curve is the one of a run that never lost a
     node."""
     workdir = copy_tokenized(tokenized, tmp_path / "run")
@@ -125,7 +126,7 @@ def test_a_node_lost_mid_training_is_requeued_and_finishes_from_its_last_checkpo
     kept = {p.name: digest(p) for p in checkpoints.glob("iter_*") if (p / "COMPLETE.json").exists()}
     local_slurm("lose-node", slurm_cluster.dir, lost)  # its slurmd and job processes killed
     try:
-        states = wait_for(workdir, 900, ended=ENDED)  # NODE_FAIL is followed by a requeue
+        states = wait_for(workdir, 900, ended=ENDED)  # a requeue follows the loss
     finally:
         local_slurm("restore-node", slurm_cluster.dir, lost)
     assert states["train"][0]["state"] == "COMPLETED", states
@@ -134,7 +135,10 @@ def test_a_node_lost_mid_training_is_requeued_and_finishes_from_its_last_checkpo
         ["sacct", "-j", train_job, "-D", "-X", "-n", "-P", "-o", "State"],
         capture_output=True, text=True, timeout=60,
     ).stdout.split()  # fmt: skip
-    assert "NODE_FAIL" in restarts, restarts  # the allocation that lost its node, then the rest
+    assert len(restarts) == 2, restarts  # the allocation that lost its node, then the rest
+    [fault] = [json.loads(line) for line in RunPaths.of(workdir).failures_log.open()]
+    assert (fault["kind"], fault["nodes"]) == ("node lost", [lost])
+    assert fault["action"] == f"requeued without {lost} (no spare node left)"
     attempts = json.loads(RunPaths.of(workdir).ranks.read_text())["attempts"]
     assert len(attempts) == 2 and attempts[1]["from_step"] >= 40
     assert lost not in {r["node"] for r in attempts[1]["ranks"]}  # requeued onto the others

@@ -4,7 +4,7 @@ Slurm, end the attempt."""
 
 from __future__ import annotations
 
-from pipeline.runtime.fault_actions import decide
+from pipeline.runtime.fault_actions import decide, decide_supervised
 
 
 def _fault(step: int, nodes: list[str], attempt: int = 1, job: str | None = "7", **more) -> dict:
@@ -48,3 +48,69 @@ def test_nodes_are_left_out_only_while_the_partition_keeps_enough_for_the_job():
         action.startswith("stopped: without n1,n3 the partition has fewer than the 2")
         and not excluded
     )
+
+
+def _supervised(kind: str, step: int, nodes: list[str], attempt: int, **more) -> dict:
+    record = {"attempt": attempt, "kind": kind, "step": step, "nodes": nodes, "ranks": [1]}
+    return {"allocation": 0, "line": f"{kind}: rank 1 on {nodes}", **record, **more}
+
+
+def _then(record: dict, action: str, excluded: list[str]) -> dict:
+    return {**record, "action": action, "excluded": excluded}
+
+
+HELD = ["n1", "n2", "n3"]  # two nodes train, one is spare
+
+
+def test_a_hang_sets_its_node_aside_and_the_spare_takes_its_place():
+    hang = _supervised("hang", 15, ["n2"], 1)
+    assert decide_supervised(hang, [], 3, HELD, 2) == (
+        "restarted in the allocation without n2",
+        ["n2"],
+    )
+    lost = _supervised("node lost", 31, ["n3"], 2)
+    before = [_then(hang, "restarted in the allocation without n2", ["n2"])]
+    assert decide_supervised(lost, before, 3, ["n1", "n3"], 2) == (
+        "requeued without n3 (no spare node left)",
+        ["n3"],
+    )
+
+
+def test_a_crash_restarts_in_place_and_a_second_crash_on_its_node_sets_it_aside():
+    first = _supervised("crash", 15, ["n2"], 1)
+    assert decide_supervised(first, [], 3, ["n1", "n2"], 2) == ("restarted in the allocation", [])
+    second = _supervised("crash", 27, ["n2"], 2)
+    before = [_then(first, "restarted in the allocation", [])]
+    assert decide_supervised(second, before, 3, ["n1", "n2"], 2) == (
+        "requeued without n2 (no spare node left)",
+        ["n2"],
+    )
+    elsewhere = _supervised("crash", 27, ["n1"], 2)  # one crash on each node: neither is set aside
+    assert decide_supervised(elsewhere, before, 3, ["n1", "n2"], 2)[1] == []
+
+
+def test_the_same_crash_at_the_same_step_stops_and_out_of_memory_is_never_retried():
+    first = _supervised("crash", 15, ["n2"], 1)
+    before = [_then(first, "restarted in the allocation", [])]
+    action, aside = decide_supervised(_supervised("crash", 15, ["n2"], 2), before, 3, HELD, 2)
+    assert action.startswith("stopped: a crash at step 15 again after a restart") and not aside
+    oom = _supervised("out of memory", 3, ["n1"], 1, line="out of memory in step 3 ...")
+    assert decide_supervised(oom, [], 3, HELD, 2) == (
+        "stopped, not retried: out of memory in step 3 ...",
+        [],
+    )
+    diverged = _supervised("stopped", 3, ["n1"], 1, line="stopped: ... NonFinite: ...")
+    assert decide_supervised(diverged, [], 3, HELD, 2)[0].startswith("stopped, not retried")
+
+
+def test_restarts_in_one_allocation_stop_at_cluster_max_restarts_then_the_job_requeues():
+    before = [
+        _then(_supervised("hang", s, ["n9"], a), "restarted in the allocation", [])
+        for a, s in [(1, 5), (2, 9)]
+    ]
+    assert decide_supervised(_supervised("hang", 20, ["n1"], 3), before, 2, HELD, 2) == (
+        "requeued without n1 (cluster.max_restarts reached)",
+        ["n1"],
+    )
+    requeued = _supervised("hang", 20, ["n1"], 3, allocation=1)  # a new allocation: anew
+    assert decide_supervised(requeued, before, 2, HELD, 2)[0].startswith("restarted")

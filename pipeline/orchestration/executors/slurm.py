@@ -16,6 +16,7 @@ from pipeline.core.steps import Placement
 from pipeline.orchestration import slurm_queue
 from pipeline.orchestration.executors.base import resources
 from pipeline.orchestration.graph import Step
+from pipeline.orchestration.supervisor import Supervisor, srun_args
 from pipeline.orchestration.tasks import ArrayTask, DistributedTask
 
 _log = log.get("pipeline")
@@ -47,18 +48,12 @@ def slurm_parameters(cfg: PipelineConfig, step: Step) -> dict[str, Any]:
         # Slurm signals every task this long before the time limit; the loop saves and requeues.
         params["signal_delay_s"] = cfg.train.exit_signal_lead_s
         extra["requeue"] = True
+    if step.placement is Placement.TRAINING_RANKS:
+        # the supervisor starts the ranks itself, on some of the nodes: the others are spares,
+        # and a node lost leaves the job (--no-kill) instead of ending it
+        params.update(nodes=needs.nodes + c.spare_nodes, use_srun=False)
+        extra["no-kill"] = True
     return {k: v for k, v in params.items() if v is not None}
-
-
-def srun_args(cfg: PipelineConfig) -> list[str]:
-    """What the tasks' srun gets beyond submitit's own: the container (pyxis), then the site's."""
-    c = cfg.cluster
-    args = []
-    if c.container_image:
-        args.append(f"--container-image={c.container_image}")
-    if c.container_mounts:
-        args.append(f"--container-mounts={','.join(c.container_mounts)}")
-    return [*args, *c.srun_args]
 
 
 def _executor(cfg: PipelineConfig, step: Step, after: str | None, submits: bool = True):
@@ -131,7 +126,9 @@ class SlurmExecutor:
                 ids = [job.job_id for job in array]
                 previous = ids[0].split("_")[0]
             else:
-                job = executor.submit(DistributedTask(step, cfg))
+                training = step.placement is Placement.TRAINING_RANKS
+                task = Supervisor(step, cfg, resources(step, cfg)) if training else None
+                job = executor.submit(task or DistributedTask(step, cfg))
                 ids = [job.job_id]
                 previous = job.job_id
             submitted[step.name] = ids
