@@ -153,6 +153,8 @@ def test_shell_words_in_config_values_never_run_in_the_sbatch_scripts(tmp_path):
     bin_dir.mkdir()
     _stub(bin_dir, "srun", f'for a in "$@"; do printf "%s\\0" "$a"; done >> {tmp_path}/srun.args')
     _stub(bin_dir, "rm", f"echo rm ran >> {tmp_path}/rm.log")
+    # the training job's script runs its supervisor itself, which then runs srun: recorded too
+    _stub(bin_dir, "python", f'for a in "$@"; do printf "%s\\0" "$a"; done >> {tmp_path}/srun.args')
     env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "HOME": str(home)}
     for script in scripts:
         name, text = script.split(" ----\n", 1)
@@ -160,7 +162,7 @@ def test_shell_words_in_config_values_never_run_in_the_sbatch_scripts(tmp_path):
             if line.startswith("#SBATCH --comment") or line.startswith("#SBATCH --partition"):
                 assert shlex.split(line)[1].endswith(f"={hostile}")  # one word, as sbatch reads
         path = tmp_path / f"{name}.sh"
-        path.write_text(text)
+        path.write_text(text.replace(sys.executable, str(bin_dir / "python")))
         subprocess.run(["bash", str(path)], env=env, check=True, timeout=60)
         args = (tmp_path / "srun.args").read_text().split("\0")[:-1]
         assert args[-1] == f"{workdir}/logs/jobs/{name}/%j", args  # the folder, one argument
