@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 from pipeline.config import PipelineConfig
 from pipeline.core.errors import ConfigError
+from pipeline.core.steps import Placement
 from pipeline.orchestration.executors.slurm import slurm_parameters
 from pipeline.orchestration.graph import Step
 
@@ -80,10 +81,14 @@ def check_fits(cfg: PipelineConfig, steps: list[Step], nodes: dict | None = None
             if partition == cfg.cluster.cpu_partition and partition != cfg.cluster.partition:
                 key = "cluster.cpu_partition"
             raise ConfigError(f"{key}: Slurm has no partition {partition} (sinfo lists {listed})")
-        _check_step(step.name, params, members, where)
+        spares = step.placement is Placement.TRAINING_RANKS and cfg.cluster.spare_nodes
+        nodes_key = "cluster.spare_nodes" if spares else "cluster.nodes"
+        _check_step(step.name, params, members, where, nodes_key)
 
 
-def _check_step(name: str, params: dict, members: list[Node], where: str) -> None:
+def _check_step(
+    name: str, params: dict, members: list[Node], where: str, nodes_key: str = "cluster.nodes"
+) -> None:
     per_node = params.get("ntasks_per_node", 1)
     cpus = per_node * params.get("cpus_per_task", 1)
     memory_mb = int(params["mem"].rstrip("G")) * 1024 if "mem" in params else 0
@@ -110,7 +115,7 @@ def _check_step(name: str, params: dict, members: list[Node], where: str) -> Non
     fitting = [n for n in members if n.cpus >= cpus and n.memory_mb >= memory_mb and n.gpus >= gpus]
     if params.get("nodes", 1) > len(fitting):
         raise ConfigError(
-            f"cluster.nodes: the {name} job asks {params['nodes']} nodes; {where} has "
+            f"{nodes_key}: the {name} job asks {params['nodes']} nodes; {where} has "
             f"{len(fitting)} that fit it ({len(members)} in all), so Slurm would keep it "
             "pending forever"
         )

@@ -74,3 +74,9 @@ def test_gpus_and_nodes_that_fit_are_counted_together():
         check(GPU_SITE, *GPU_GIVEN, "cluster.gpus_per_node=16")
     with pytest.raises(ConfigError, match=r"^cluster.nodes: the train job asks 3 nodes; "):
         check(GPU_SITE, *GPU_GIVEN, "cluster.gpus_per_node=8", "cluster.nodes=3", GPU_BATCH)
+
+
+def test_spare_nodes_that_the_partition_lacks_are_refused_naming_them():
+    with pytest.raises(ConfigError, match=r"^cluster.spare_nodes: the train job asks 4 nodes; "):
+        check(CPU_CLUSTER, "cluster.nodes=2", "cluster.spare_nodes=2")
+    check(CPU_CLUSTER, "cluster.nodes=2", "cluster.spare_nodes=1")  # 3 of 3: it fits
