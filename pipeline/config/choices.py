@@ -61,6 +61,10 @@ class Recompute(Choice):
     auto = "auto"  # chosen by the planner with the micro-batch
 
 
+# What the planner weighs for train.recompute=auto, cheapest in compute first
+RECOMPUTE_MODES = tuple(mode.value for mode in Recompute if mode is not Recompute.auto)
+
+
 class Device(Choice):
     auto = "auto"
     cpu = "cpu"

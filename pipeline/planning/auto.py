@@ -19,6 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from pipeline.config import PipelineConfig
+from pipeline.config.choices import RECOMPUTE_MODES
 from pipeline.config.derived import trains_on_gpu, world_size
 from pipeline.config.schema import AUTO
 from pipeline.core.errors import ConfigError
@@ -29,7 +30,7 @@ from pipeline.planning.hardware import Hardware
 from pipeline.planning.memory import memory_per_gpu
 from pipeline.planning.parallel_layout import ParallelLayout
 from pipeline.planning.preflight import gpu_memory_gb
-from pipeline.planning.search import RECOMPUTE_MODES, pipeline_problem, tensor_parallel_problem
+from pipeline.planning.search import divisors, pipeline_problem, tensor_parallel_problem
 from pipeline.planning.throughput import expected_step
 from pipeline.planning.units import GIB
 from pipeline.runtime import gpus
@@ -92,10 +93,6 @@ def gpu_capacity(cfg: PipelineConfig) -> tuple[int, str, str | None]:
     return int(memory_gib * GIB), f"this machine's {name}", name
 
 
-def _divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
-
-
 def parallel_layouts(cfg: PipelineConfig) -> tuple[list[tuple[int, int]], str]:
     """The (tensor, pipeline) sizes left open, and why when a resume fixes them."""
     p, m = cfg.parallel, cfg.model
@@ -111,10 +108,10 @@ def parallel_layouts(cfg: PipelineConfig) -> tuple[list[tuple[int, int]], str]:
             return [kept], "as the checkpoint to resume was saved"
     tensors, pipelines = [p.tensor], [p.pipeline]
     if p.tensor == AUTO:
-        tensors = [t for t in _divisors(gpus_) if tensor_parallel_problem(m, t) is None]
+        tensors = [t for t in divisors(gpus_) if tensor_parallel_problem(m, t) is None]
     if p.pipeline == AUTO:  # virtual stages only with pipeline stages (laid_out)
         stages = p.virtual_pipeline or 1
-        pipelines = [q for q in _divisors(gpus_) if q == 1 or not pipeline_problem(m, q * stages)]
+        pipelines = [q for q in divisors(gpus_) if q == 1 or not pipeline_problem(m, q * stages)]
     return [(t, q) for t in tensors for q in pipelines if gpus_ % (t * q) == 0], ""
 
 
@@ -151,7 +148,7 @@ def micro_batches(cfg: PipelineConfig, data: int, fixed_layout: bool) -> list[in
         fits = per_rank % t.micro_batch_size == 0
         matches = t.grad_accum is None or per_rank == t.micro_batch_size * t.grad_accum
         return [t.micro_batch_size] if fits and matches or fixed_layout else []
-    return _divisors(per_rank)
+    return divisors(per_rank)
 
 
 def options(

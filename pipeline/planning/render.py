@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from pipeline.config import PipelineConfig
+from pipeline.config.choices import RECOMPUTE_MODES
 from pipeline.config.derived import world_size
 from pipeline.data import datasets, mixture
 from pipeline.model.flops import flops_per_sequence
@@ -19,7 +20,7 @@ from pipeline.planning.memory import (
     stage_activations,
 )
 from pipeline.planning.parallel_layout import ParallelLayout
-from pipeline.planning.search import RECOMPUTE_MODES, search_layouts
+from pipeline.planning.search import search_layouts
 from pipeline.planning.throughput import expected_step, steps_for, tokens_per_step
 from pipeline.planning.units import GIB, count, duration, gib
 from pipeline.planning.units import flops as flops_text

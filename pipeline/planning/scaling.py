@@ -9,14 +9,19 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from pipeline.config import ModelConfig
+from pipeline.config.choices import RECOMPUTE_MODES
 from pipeline.planning.hardware import Hardware
 from pipeline.planning.memory import memory_per_gpu
 from pipeline.planning.parallel_layout import ParallelLayout
-from pipeline.planning.search import pipeline_problem, tensor_parallel_problem, virtual_stages
+from pipeline.planning.search import (
+    divisors,
+    pipeline_problem,
+    tensor_parallel_problem,
+    virtual_stages,
+)
 from pipeline.planning.throughput import expected_step
 
 MICRO_BATCHES = (1, 2, 4, 8, 16, 32, 64)
-RECOMPUTE_MODES = ("none", "selective", "full")
 
 
 @dataclass(frozen=True)
@@ -30,8 +35,8 @@ def layouts(m: ModelConfig, gpus: int, global_batch: int, hw: Hardware, base: Pa
     """Every layout the search opens for `gpus` GPUs at `global_batch` sequences."""
     tensors = [t for t in (1, 2, 4, 8) if gpus % t == 0 and t <= max(hw.nvlink_domain, 1)]
     for tensor in (t for t in tensors if tensor_parallel_problem(m, t) is None):
-        for pipeline in range(1, gpus // tensor + 1):
-            if (gpus // tensor) % pipeline or pipeline_problem(m, pipeline):
+        for pipeline in divisors(gpus // tensor):
+            if pipeline_problem(m, pipeline):
                 continue
             data = gpus // (tensor * pipeline)
             if global_batch % data:

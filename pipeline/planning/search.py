@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from pipeline.config import ModelConfig, PipelineConfig
+from pipeline.config.choices import RECOMPUTE_MODES
 from pipeline.model.sizes import ffn_hidden_size
 from pipeline.planning import hardware
 from pipeline.planning.hardware import Hardware
@@ -15,8 +16,6 @@ from pipeline.planning.parallel_layout import ParallelLayout
 from pipeline.planning.throughput import expected_step
 from pipeline.planning.units import GIB
 from pipeline.runtime.gpus import GPU_BY_MEMORY, capacity_bytes
-
-RECOMPUTE_MODES = ("none", "selective", "full")
 
 
 @dataclass(frozen=True)
@@ -32,7 +31,8 @@ class Search:
     rejected: list[str] = field(default_factory=list)  # why each other layout does not fit
 
 
-def _divisors(n: int) -> list[int]:
+def divisors(n: int) -> list[int]:
+    """The sizes a parallel dimension of n GPUs, or a batch of n sequences, splits into."""
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
@@ -97,12 +97,12 @@ def search_layouts(
     global_batch = cfg.train.global_batch_size
     base = _base_layout(cfg)
     found = Search()
-    for tensor in _divisors(gpus):
+    for tensor in divisors(gpus):
         problem = tensor_parallel_problem(cfg.model, tensor)
         if problem:
             found.rejected.append(problem)
             continue
-        for pipeline in _divisors(gpus // tensor):
+        for pipeline in divisors(gpus // tensor):
             problem = pipeline_problem(cfg.model, pipeline)
             if problem:
                 if problem not in found.rejected:  # once, not for every TP
@@ -113,7 +113,7 @@ def search_layouts(
             if global_batch % data:
                 found.rejected.append(f"{where}: global batch {global_batch} not divisible by DP")
                 continue
-            for micro in _divisors(global_batch // data):
+            for micro in divisors(global_batch // data):
                 accum = global_batch // (data * micro)
                 for virtual in virtual_stages(cfg.model, pipeline, accum):
                     for recompute in RECOMPUTE_MODES:

@@ -14,6 +14,7 @@ from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
 from pipeline.config import ModelConfig
+from pipeline.config.choices import RECOMPUTE_MODES
 from pipeline.planning.hardware import Hardware, preset
 from pipeline.planning.memory import memory_per_gpu
 from pipeline.planning.parallel_layout import ParallelLayout
@@ -24,7 +25,6 @@ PUBLISHED = Path(__file__).with_name("published.json")
 WITHIN = 0.15  # the bounds a change must keep (tests/unit/test_throughput_validation.py)
 SHARE_WITHIN = 0.80
 MEDIAN_BOUND = 0.10
-RECOMPUTE_MODES = ("none", "selective", "full")
 
 
 @dataclass(frozen=True)
