@@ -1,5 +1,5 @@
 """What every command line shares. Hydra composes the config from conf/ and the overrides;
-`run` turns it into the typed config once (validated, derived values filled in), hands it to
+`run` turns it into the typed config once (checked, derived values filled in), hands it to
 the command, and reports a user's mistake in one line, without a traceback:
 
     exit 2  a config value (the message starts with the key)
@@ -203,7 +203,7 @@ def run(
     replay: list[str] | None = None,
     last_stages: bool = False,
 ) -> None:
-    """Type, adjust, validate and resolve the composed config (composed again on top of the
+    """Type, adjust, check and resolve the composed config (composed again on top of the
     run's history with `replay`, this command line's overrides; see `replayed`), then run
     `command` on it; exit with its code, or with one line for a user's mistake."""
     logging.getLogger("megatron").setLevel(logging.WARNING)  # its per-file INFO lines drown ours

@@ -72,13 +72,15 @@ USAGE = {
 
 
 def common_keys() -> str:
-    """The keys most runs change (common=True on their schema fields), each with its help."""
+    """The keys most runs change (common=True on their schema fields), each with its help and
+    its choices or its rule."""
     lines = []
     for leaf in keys.leaves(PipelineConfig):
         if leaf.info is None or not leaf.info.common:
             continue
         allowed = f" ({' | '.join(leaf.choices)})" if leaf.choices else ""
-        lines.append(f"  {leaf.name:<28} {leaf.info.help}{allowed}\n")
+        rule = f" ({leaf.info.rule.says})" if leaf.info.rule else ""
+        lines.append(f"  {leaf.name:<28} {leaf.info.help}{allowed}{rule}\n")
     return "".join(lines)
 
 

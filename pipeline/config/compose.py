@@ -1,6 +1,6 @@
 """From Hydra's composed config to the typed one the pipeline runs on, in one place.
 
-    composed DictConfig -> PipelineConfig (OmegaConf.to_object) -> validate -> derived.resolve
+    composed DictConfig -> PipelineConfig (OmegaConf.to_object) -> checks -> derived.resolve
 
 The command line (pipeline.cli) does this once per command; `compose` does the same for tools
 and tests that need a config without the command line; `read` loads a run's saved config.yaml.
@@ -20,10 +20,9 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from pipeline.config import derived
+from pipeline.config import checks, derived
 from pipeline.config.schema import PipelineConfig, SourceConfig
 from pipeline.config.split import Split
-from pipeline.config.validate import validate
 from pipeline.core.errors import ConfigError
 
 CONF = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(__file__))), "conf")
@@ -54,7 +53,7 @@ def recompose(overrides: list[str]) -> DictConfig:
 
 def typed(composed: DictConfig) -> PipelineConfig:
     """The composed config as a PipelineConfig, interpolations resolved, data.sources as
-    SourceConfig; not validated. A value left ??? is a ConfigError (OmegaConf would fill a
+    SourceConfig; not checked. A value left ??? is a ConfigError (OmegaConf would fill a
     list's default in silently)."""
     missing = sorted(OmegaConf.missing_keys(composed))
     if missing:
@@ -118,17 +117,17 @@ Adjust = Callable[[PipelineConfig], PipelineConfig]
 def load(
     composed: DictConfig, adjust: Adjust | None = None, settle: Adjust | None = None
 ) -> PipelineConfig:
-    """Typed, `adjust`ed (a sweep point's own settings), validated, `settle`d (the planner's
+    """Typed, `adjust`ed (a sweep point's own settings), checked, `settle`d (the planner's
     choice for the values left to it, train.micro_batch_size=auto and train.recompute=auto),
     derived values filled in. Raises ConfigError naming the key."""
     cfg = typed(composed)
     if adjust is not None:
         cfg = adjust(cfg)
-    validate(cfg)
+    checks.check(cfg)
     if settle is not None:
         settled = settle(cfg)
         if settled is not cfg:  # the values it chose, checked as given ones are
-            validate(settled)
+            checks.check(settled)
         cfg = settled
     return derived.resolve(cfg)
 
@@ -136,7 +135,7 @@ def load(
 def compose(
     workdir: str | Path, *overrides: str, check: bool = True, settle: Adjust | None = None
 ) -> PipelineConfig:
-    """The config the command line composes from conf/ for these overrides: validated and
+    """The config the command line composes from conf/ for these overrides: checked and
     resolved (the command line settles auto values with pipeline.planning.auto.settle), or
     with `check=False` only typed."""
     from hydra import compose as hydra_compose
@@ -158,7 +157,7 @@ def compose(
 
 def not_a_choice(message: str) -> str | None:
     """OmegaConf's refusal of a value that is none of a key's choices, in one line as
-    pipeline.config.validate words it; None for any other message."""
+    pipeline.config.checks words it; None for any other message."""
     invalid = re.search(r"Invalid value '(.*)', expected one of \[(.*)\]", message)
     key = re.search(r"full_key: (\S+)", message)
     return f"{key[1]}: {invalid[1]!r} is not one of {invalid[2]}" if invalid and key else None

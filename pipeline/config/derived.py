@@ -8,6 +8,7 @@ import dataclasses
 import os
 from dataclasses import dataclass
 
+from pipeline.config import slurm_time
 from pipeline.config.choices import Recompute
 from pipeline.config.schema import AUTO, ClusterConfig, PipelineConfig
 from pipeline.core.errors import ConfigError
@@ -15,19 +16,11 @@ from pipeline.core.errors import ConfigError
 
 def slurm_minutes(limit: str, key: str) -> int:
     """Slurm's [days-]hours:minutes:seconds, hours:minutes:seconds or minutes, as whole
-    minutes (seconds round up)."""
-    days, _, rest = str(limit).rpartition("-")
-    try:
-        parts = [int(p) for p in rest.split(":")]
-        day_count = int(days or 0)
-    except ValueError:
-        raise ConfigError(f"{key}: {limit!r} is not a Slurm time ([days-]hh:mm:ss)") from None
-    if len(parts) > 3 or min(parts + [day_count]) < 0:
+    minutes (seconds round up); no Slurm time is a ConfigError naming `key`."""
+    found = slurm_time.minutes(limit)
+    if found is None:
         raise ConfigError(f"{key}: {limit!r} is not a Slurm time ([days-]hh:mm:ss)")
-    if len(parts) == 1:
-        return day_count * 1440 + parts[0]
-    hours, minutes, seconds = ([0] * (3 - len(parts))) + parts
-    return day_count * 1440 + hours * 60 + minutes + (1 if seconds else 0)
+    return found
 
 
 def tasks_per_node(cluster: ClusterConfig) -> int:
@@ -110,8 +103,6 @@ def batch(cfg: PipelineConfig) -> Batch:
                 f"train.global_batch_size={t.global_batch_size}"
             )
         micro = t.global_batch_size // (t.grad_accum * dp)
-    if micro < 1:
-        raise ConfigError("train.micro_batch_size: must be at least 1")
     per_step = micro * dp
     if t.grad_accum is None:
         if t.global_batch_size % per_step:
@@ -129,7 +120,7 @@ def batch(cfg: PipelineConfig) -> Batch:
 
 
 def resolve(cfg: PipelineConfig) -> PipelineConfig:
-    """A copy of a validated config with train.micro_batch_size and train.grad_accum as the
+    """A copy of a checked config with train.micro_batch_size and train.grad_accum as the
     run uses them (see `batch`)."""
     if AUTO in (cfg.train.recompute, cfg.parallel.tensor, cfg.parallel.pipeline):
         raise ValueError("auto values not settled (pipeline.planning.auto)")

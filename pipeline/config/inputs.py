@@ -1,6 +1,5 @@
 """The files an input glob names: files as they are, and a folder that `datasets.save_to_disk`
-wrote (state.json beside its Arrow files) as its Arrow files, in the order state.json lists;
-and the checks of how a source's files are read (format, where)."""
+wrote (state.json beside its Arrow files) as its Arrow files, in the order state.json lists."""
 
 from __future__ import annotations
 
@@ -8,7 +7,6 @@ import glob
 import json
 import os
 
-from pipeline.config import row_filter
 from pipeline.core.errors import ConfigError
 
 
@@ -55,21 +53,3 @@ def readable_files(pattern: str, key: str) -> list[str]:
         if not os.access(path, os.R_OK):
             raise ConfigError(f"{key}: {path} is not readable")
     return [os.path.abspath(p) for p in matches]
-
-
-def check_reading(key: str, fmt: str | None, where: str | None) -> None:
-    """A source's format is auto or text; its row filter parses. `key`: data or
-    data.sources.NAME."""
-    if fmt is not None and fmt not in ("auto", "text"):
-        raise ConfigError(f"{key}.format: {fmt!r} is not auto or text")
-    if where is None:
-        return
-    try:
-        row_filter.parse(where)
-    except row_filter.BadFilter as e:
-        raise ConfigError(
-            f"{key}.where: {where!r}: {e}; give comparisons of a column with a number or "
-            "'string' (==, !=, <, <=, >, >=) joined by and/or"
-        ) from None
-    if fmt == "text":
-        raise ConfigError(f"{key}.where: filters Parquet or Arrow rows, not text files")

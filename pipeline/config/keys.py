@@ -1,9 +1,11 @@
 """What each config key is, stated once on its schema field (pipeline.config.schema) and
-read from there by whatever needs it: validation (choices, bounds, values that go into job
+read from there by whatever needs it: the checks (choices, rules, values that go into job
 scripts), provenance (which keys an output is made from, which ones let a training go on),
 the run's history (what is a command's own and what a setting) and `--help`.
 
-    steps: int = key(1000, Role.CONTINUE, "training iterations", bound=Bound.AT_LEAST_ONE)
+    steps: int = key(1000, Role.CONTINUE, "training iterations", rule=AT_LEAST_ONE)
+
+A rule (pipeline.config.rules) is what a value must be beyond its type.
 
 A choice is a `Choice` enum as the field's type: OmegaConf refuses any other value as it
 composes, and its members compare, hash and print as their strings.
@@ -14,11 +16,12 @@ from __future__ import annotations
 import dataclasses
 import enum
 import functools
-import math
 import typing
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
+
+from pipeline.config.rules import Rule
 
 
 class Role(enum.Enum):
@@ -31,26 +34,6 @@ class Role(enum.Enum):
     CONTINUE = "continue"
     # How, where or how fast, never what: changed, every output stays valid
     NOT_SETTING = "not a setting"
-
-
-class Bound(enum.Enum):
-    """The numbers a key accepts beyond its type; None, where the type allows it, passes."""
-
-    AT_LEAST_ONE = "must be at least 1"
-    NOT_NEGATIVE = "must not be negative"
-    POSITIVE = "must be a positive number"
-    FRACTION = "must be in [0, 1)"
-
-    def holds(self, value: float) -> bool:
-        return BOUND_CHECKS[self](value)
-
-
-BOUND_CHECKS: dict[Bound, Callable[[float], bool]] = {
-    Bound.AT_LEAST_ONE: lambda v: v >= 1,
-    Bound.NOT_NEGATIVE: lambda v: v >= 0,
-    Bound.POSITIVE: lambda v: v > 0 and math.isfinite(v),
-    Bound.FRACTION: lambda v: 0 <= v < 1,
-}
 
 
 class Choice(str, enum.Enum):
@@ -74,7 +57,7 @@ class Key:
 
     role: Role
     help: str
-    bound: Bound | None = None
+    rule: Rule | None = None  # what a value must be beyond its type
     command: bool = False  # what to run, where and how: each command line's own, not recorded
     script: bool = False  # written into job scripts: no control characters
     common: bool = False  # listed by --help
@@ -86,7 +69,7 @@ def key(
     help: str = "",
     *,
     factory: Callable[[], Any] | None = None,
-    bound: Bound | None = None,
+    rule: Rule | None = None,
     command: bool = False,
     script: bool = False,
     common: bool = False,
@@ -96,7 +79,7 @@ def key(
     as the schema is defined: no default could be right for all keys."""
     if role is None:
         raise TypeError("key(): give the key's role (Role.OUTPUT, CONTINUE or NOT_SETTING)")
-    meta = {"key": Key(role, help, bound, command, script, common)}
+    meta = {"key": Key(role, help, rule, command, script, common)}
     if factory is not None:
         return dataclasses.field(default_factory=factory, metadata=meta)
     return dataclasses.field(default=default, metadata=meta)

@@ -1,13 +1,14 @@
 """The config schema: one dataclass per section of conf/, each leaf key declared once with its
 whole story (pipeline.config.keys):
 
-    name: type = key(default, ROLE, "help line", bound=..., command=..., script=..., common=...)
+    name: type = key(default, ROLE, "help line", rule=..., command=..., script=..., common=...)
 
 - ROLE, required: OUTPUT (what an output is made from: changed, it is redone or refused),
   CONTINUE (changed, a training goes on), NOT_SETTING (how, where or how fast: changed, every
   output stays valid). Provenance records the OUTPUT and CONTINUE keys of a section.
 - choices: the field's type is a Choice enum (pipeline.config.choices);
-- bound=Bound.AT_LEAST_ONE | NOT_NEGATIVE | POSITIVE | FRACTION, checked by validate;
+- rule=AT_LEAST_ONE, POSITIVE, A_FILE, ... (pipeline.config.rules): what a value must be beyond
+  its type, checked by pipeline.config.checks and shown by --help;
 - command=True (or `command(...)`): what to run, where and how; each command line's own, never
   replayed from the run's history; script=True: the value is written into job scripts;
 - common=True: listed by --help with its help line.
@@ -27,7 +28,9 @@ from typing import Any
 from omegaconf import MISSING
 
 from pipeline.config import choices as c
-from pipeline.config.keys import Bound, Role, command, key
+from pipeline.config import rules as r
+from pipeline.config.keys import Role, command, key
+from pipeline.config.rules import AT_LEAST_ONE, FRACTION, NOT_EMPTY, NOT_NEGATIVE, POSITIVE
 
 STAGES = ("tokenize", "train", "evaluate", "export")
 DEFAULT_STAGES = STAGES[:3]  # export: added to stages when wanted
@@ -37,8 +40,6 @@ AUTO = "auto"  # train.micro_batch_size and train.recompute: the planner chooses
 DATA_SECTIONS = ("data", "tokenizer")
 
 OUTPUT, CONTINUE, NOT_SETTING = Role.OUTPUT, Role.CONTINUE, Role.NOT_SETTING
-AT_LEAST_ONE, NOT_NEGATIVE = Bound.AT_LEAST_ONE, Bound.NOT_NEGATIVE
-POSITIVE, FRACTION = Bound.POSITIVE, Bound.FRACTION
 
 
 @dataclass
@@ -46,11 +47,17 @@ class SourceConfig:
     """One source of a data mixture (data.sources.NAME)."""
 
     # globs of JSONL (plain, gzip, zstd), Parquet, Arrow files or datasets.save_to_disk folders
-    inputs: list[str] = field(default_factory=list)
-    text_key: str | None = None  # None: data.text_key
-    weight: float = 1.0  # share of the training samples drawn from it, relative to the others
-    format: str | None = None  # auto | text (each file one document); None: data.format
-    where: str | None = None  # Parquet/Arrow row filter ("language_score >= 0.9"); None: all
+    inputs: list[str] = key(role=OUTPUT, help="globs of its files", factory=list)
+    text_key: str | None = key(None, OUTPUT, "none: data.text_key", rule=NOT_EMPTY)
+    weight: float = key(
+        1.0, OUTPUT, "its share of the training samples, relative to the others", rule=POSITIVE
+    )
+    format: str | None = key(
+        None, OUTPUT, "auto | text (a file a document); none: data.format", rule=r.SOURCE_FORMAT
+    )
+    where: str | None = key(
+        None, OUTPUT, "a Parquet/Arrow row filter; none: all", rule=r.ROW_FILTER
+    )
 
 
 @dataclass
@@ -67,7 +74,10 @@ class DataConfig:
         c.DataFormat.auto, OUTPUT, "auto: records or rows, by content; text: a file a document"
     )
     where: str | None = key(
-        None, OUTPUT, "a row filter on Parquet/Arrow columns, e.g. 'language_score >= 0.9'"
+        None,
+        OUTPUT,
+        "a row filter on Parquet/Arrow columns, e.g. 'language_score >= 0.9'",
+        rule=r.ROW_FILTER,
     )
     # Untyped, as OmegaConf cannot add typed entries from the command line
     # (+data.sources.NAME={inputs:[GLOB],weight:W}); pipeline.config.compose checks each
@@ -75,84 +85,111 @@ class DataConfig:
         role=OUTPUT,
         help="a weighted mixture: NAME={inputs: [GLOB], weight: W}",
         factory=dict,
+        rule=r.SOURCE_NAMES,
         common=True,
     )
     prepared: str | None = key(
-        None, NOT_SETTING, "train on the tokenized data of this run folder", common=True
+        None,
+        NOT_SETTING,
+        "train on the tokenized data of this run folder",
+        rule=r.PREPARED_RUN,
+        common=True,
     )
-    text_key: str = key("text", OUTPUT, "the JSON key of each record's text")
-    num_shards: int = key(4, OUTPUT, "tokenize tasks, one shard each")
+    text_key: str = key("text", OUTPUT, "the JSON key of each record's text", rule=NOT_EMPTY)
+    num_shards: int = key(4, OUTPUT, "tokenize tasks, one shard each", rule=AT_LEAST_ONE)
     merge_into: int | None = key(
-        None, OUTPUT, "concatenate each split's files into this many", bound=AT_LEAST_ONE
+        None, OUTPUT, "concatenate each split's files into this many", rule=AT_LEAST_ONE
     )
     # a pipeline.config.split.Split once composed (OmegaConf types no union of str and list)
-    split: Any = key("90,5,5", OUTPUT, "train,validation,test shares: '90,5,5' or [90,5,5]")
+    split: Any = key(
+        "90,5,5", OUTPUT, "train,validation,test shares: '90,5,5' or [90,5,5]", rule=r.SPLIT
+    )
     split_seed: int = key(1234, OUTPUT, "the seed of the split's hash")
     dedup: c.Dedup = key(c.Dedup.none, OUTPUT, "exact: documents of one text kept once")
-    warn_epochs: float = key(4.0, NOT_SETTING, "the plan warns past this many epochs of a source")
+    warn_epochs: float = key(
+        4.0, NOT_SETTING, "the plan warns past this many epochs of a source", rule=POSITIVE
+    )
     strict: bool = key(False, NOT_SETTING, "stop at the first bad record instead of counting it")
-    max_epochs: float = key(1000.0, NOT_SETTING, "refuse a run reading a source more often")
+    max_epochs: float = key(
+        1000.0, NOT_SETTING, "refuse a run reading a source more often", rule=POSITIVE
+    )
     # each bad record is counted and logged in data/rejects/; a file none of whose records is
     # a document stops the run whatever this says
     max_reject_fraction: float = key(
-        0.01, NOT_SETTING, "the share of bad records verify accepts before it stops"
+        0.01, NOT_SETTING, "the share of bad records verify accepts before it stops", rule=r.SHARE
     )
     max_document_bytes: int = key(
-        64 * 1024 * 1024, OUTPUT, "longer documents are rejected", bound=AT_LEAST_ONE
+        64 * 1024 * 1024, OUTPUT, "longer documents are rejected", rule=AT_LEAST_ONE
     )
     builtin_corpus_bytes: int = key(
-        4_000_000, OUTPUT, "the size of the built-in corpus", bound=AT_LEAST_ONE
+        4_000_000, OUTPUT, "the size of the built-in corpus", rule=AT_LEAST_ONE
     )
 
 
 @dataclass
 class TokenizerConfig:
     model: str | None = key(
-        None, OUTPUT, "an existing sentencepiece .model; none: train one", common=True
+        None,
+        OUTPUT,
+        "an existing sentencepiece .model; none: train one",
+        rule=r.A_FILE,
+        common=True,
     )
     type: c.TokenizerType = key(c.TokenizerType.bpe, OUTPUT, "the sentencepiece model type")
-    vocab_size: int = key(4096, OUTPUT, "pieces of a trained tokenizer", common=True)
-    sample_documents: int = key(
-        200_000, OUTPUT, "documents of a seeded sample to train on", bound=AT_LEAST_ONE
+    vocab_size: int = key(
+        4096, OUTPUT, "pieces of a trained tokenizer", rule=r.at_least(64), common=True
     )
-    max_sentence_length: int = key(16384, OUTPUT, "sentencepiece's", bound=AT_LEAST_ONE)
-    character_coverage: float = key(0.9995, OUTPUT, "sentencepiece's")
+    sample_documents: int = key(
+        200_000, OUTPUT, "documents of a seeded sample to train on", rule=AT_LEAST_ONE
+    )
+    max_sentence_length: int = key(16384, OUTPUT, "sentencepiece's", rule=AT_LEAST_ONE)
+    character_coverage: float = key(0.9995, OUTPUT, "sentencepiece's", rule=r.PROBABILITY)
     byte_fallback: bool = key(True, OUTPUT, "unknown characters as bytes")
     lossless: bool = key(True, OUTPUT, "identity normalization: decode(encode(x)) == x")
     user_defined_symbols: list[str] = key(
         role=OUTPUT, help="pieces kept whole", factory=lambda: ["\n"]
     )
     seed: int = key(1234, OUTPUT, "the sample's and the trainer's seed")
-    threads: int = key(2, NOT_SETTING, "threads of the trainer", bound=AT_LEAST_ONE)
+    threads: int = key(2, NOT_SETTING, "threads of the trainer", rule=AT_LEAST_ONE)
 
 
 @dataclass
 class ModelConfig:
     name: str = key(MISSING, OUTPUT, "the model's name (its config group)")
-    num_layers: int = key(MISSING, OUTPUT, "transformer layers", common=True)
-    hidden_size: int = key(MISSING, OUTPUT, "the hidden width", common=True)
-    num_attention_heads: int = key(MISSING, OUTPUT, "attention heads", common=True)
-    num_query_groups: int | None = key(None, OUTPUT, "grouped-query attention; none: multi-head")
-    ffn_hidden_size: int | None = key(
-        None, OUTPUT, "none: 4 x hidden (8/3 x hidden for SwiGLU)", bound=AT_LEAST_ONE
+    num_layers: int = key(MISSING, OUTPUT, "transformer layers", rule=AT_LEAST_ONE, common=True)
+    hidden_size: int = key(MISSING, OUTPUT, "the hidden width", rule=AT_LEAST_ONE, common=True)
+    num_attention_heads: int = key(
+        MISSING, OUTPUT, "attention heads", rule=AT_LEAST_ONE, common=True
     )
-    seq_length: int = key(2048, OUTPUT, "tokens per sequence", common=True)
-    max_position_embeddings: int | None = key(None, OUTPUT, "none: model.seq_length")
+    num_query_groups: int | None = key(
+        None, OUTPUT, "grouped-query attention; none: multi-head", rule=AT_LEAST_ONE
+    )
+    ffn_hidden_size: int | None = key(
+        None, OUTPUT, "none: 4 x hidden (8/3 x hidden for SwiGLU)", rule=AT_LEAST_ONE
+    )
+    seq_length: int = key(2048, OUTPUT, "tokens per sequence", rule=AT_LEAST_ONE, common=True)
+    max_position_embeddings: int | None = key(
+        None, OUTPUT, "none: model.seq_length", rule=AT_LEAST_ONE
+    )
     activation: c.Activation = key(c.Activation.swiglu, OUTPUT, "the MLP's activation")
     normalization: c.Normalization = key(c.Normalization.RMSNorm, OUTPUT, "the layer norm")
     position_embedding: c.PositionEmbedding = key(c.PositionEmbedding.rope, OUTPUT, "positions")
-    rotary_base: int = key(10000, OUTPUT, "RoPE's base", bound=POSITIVE)
+    rotary_base: int = key(10000, OUTPUT, "RoPE's base", rule=POSITIVE)
     untie_embeddings: bool = key(True, OUTPUT, "an output layer of its own")
     add_bias_linear: bool = key(False, OUTPUT, "biases in the linear layers")
-    init_method_std: float = key(0.02, OUTPUT, "the initial weights' deviation", bound=POSITIVE)
-    hidden_dropout: float = key(0.0, OUTPUT, "dropout after attention and MLP", bound=FRACTION)
-    attention_dropout: float = key(0.0, OUTPUT, "dropout of attention", bound=FRACTION)
+    init_method_std: float = key(0.02, OUTPUT, "the initial weights' deviation", rule=POSITIVE)
+    hidden_dropout: float = key(0.0, OUTPUT, "dropout after attention and MLP", rule=FRACTION)
+    attention_dropout: float = key(0.0, OUTPUT, "dropout of attention", rule=FRACTION)
     make_vocab_size_divisible_by: int = key(
-        128, OUTPUT, "pad the vocabulary to a multiple", bound=AT_LEAST_ONE
+        128, OUTPUT, "pad the vocabulary to a multiple", rule=AT_LEAST_ONE
     )
     # unless tokenizer.model is given, its tokenizer.model too (continued pretraining)
     init_from: str | None = key(
-        None, OUTPUT, "start from a local Hugging Face Llama folder's weights", common=True
+        None,
+        OUTPUT,
+        "start from a local Hugging Face Llama folder's weights",
+        rule=r.A_FOLDER,
+        common=True,
     )
 
 
@@ -160,10 +197,14 @@ class ModelConfig:
 class ParallelConfig:
     # With tensor=auto, sequence parallelism follows the planner's choice. Any: a number or
     # auto (OmegaConf has no unions); what runs reads them typed (pipeline.config.derived.settled)
-    tensor: Any = command(1, "tensor-parallel size, or auto (GPU runs)", common=True)
-    pipeline: Any = command(1, "pipeline-parallel size, or auto (GPU runs)", common=True)
+    tensor: Any = command(
+        1, "tensor-parallel size, or auto (GPU runs)", rule=r.whole_or(AUTO), common=True
+    )
+    pipeline: Any = command(
+        1, "pipeline-parallel size, or auto (GPU runs)", rule=r.whole_or(AUTO), common=True
+    )
     virtual_pipeline: int | None = command(
-        None, "virtual stages per pipeline rank", bound=AT_LEAST_ONE, common=True
+        None, "virtual stages per pipeline rank", rule=AT_LEAST_ONE, common=True
     )
     sequence_parallel: bool = command(False, "with tensor parallelism")
     distributed_optimizer: bool = command(True, "optimizer state sharded over data parallelism")
@@ -183,7 +224,7 @@ class ParallelConfig:
     ddp_bucket_size: int | None = command(
         None,
         "parameters per gradient-reduction bucket; none: megatron-core's (40M or 1M x DP)",
-        bound=AT_LEAST_ONE,
+        rule=AT_LEAST_ONE,
     )
 
 
@@ -192,23 +233,31 @@ class TrainConfig:
     # auto (GPU runs): the planner picks the fastest micro-batch whose memory estimate fits
     # the GPU with a margin (pipeline.planning.auto), before anything runs; settled, it is read
     # as an int from pipeline.config.derived.settled
-    micro_batch_size: Any = key(8, NOT_SETTING, "sequences per rank and pass, or auto", common=True)
-    global_batch_size: int = key(32, OUTPUT, "sequences per training step", common=True)
+    micro_batch_size: Any = key(
+        8, NOT_SETTING, "sequences per rank and pass, or auto", rule=r.whole_or(AUTO), common=True
+    )
+    global_batch_size: int = key(
+        32, OUTPUT, "sequences per training step", rule=AT_LEAST_ONE, common=True
+    )
     grad_accum: int | None = key(
-        None, NOT_SETTING, "derived from the batch sizes", bound=AT_LEAST_ONE
+        None, NOT_SETTING, "derived from the batch sizes", rule=AT_LEAST_ONE
     )
     # Sweeps: keep global_batch_size and derive micro_batch_size from a given grad_accum
     hold_global_batch: bool = key(False, NOT_SETTING, "derive the micro-batch from grad_accum")
-    steps: int = key(1000, CONTINUE, "training steps; more continues a run", common=True)
-    lr: float = key(3e-4, OUTPUT, "the peak learning rate", bound=POSITIVE, common=True)
-    min_lr: float = key(3e-5, OUTPUT, "the learning rate at the end of the decay")
-    warmup_steps: int = key(100, OUTPUT, "steps of linear warm-up")
+    steps: int = key(
+        1000, CONTINUE, "training steps; more continues a run", rule=AT_LEAST_ONE, common=True
+    )
+    lr: float = key(3e-4, OUTPUT, "the peak learning rate", rule=POSITIVE, common=True)
+    min_lr: float = key(
+        3e-5, OUTPUT, "the learning rate at the end of the decay", rule=NOT_NEGATIVE
+    )
+    warmup_steps: int = key(100, OUTPUT, "steps of linear warm-up", rule=NOT_NEGATIVE)
     lr_decay_style: c.LrDecayStyle = key(c.LrDecayStyle.cosine, OUTPUT, "the decay's shape")
-    weight_decay: float = key(0.1, OUTPUT, "AdamW's", bound=NOT_NEGATIVE)
-    adam_beta1: float = key(0.9, OUTPUT, "AdamW's", bound=FRACTION)
-    adam_beta2: float = key(0.95, OUTPUT, "AdamW's", bound=FRACTION)
-    adam_eps: float = key(1e-8, OUTPUT, "AdamW's", bound=POSITIVE)
-    clip_grad: float = key(1.0, OUTPUT, "the gradient norm's limit", bound=NOT_NEGATIVE)
+    weight_decay: float = key(0.1, OUTPUT, "AdamW's", rule=NOT_NEGATIVE)
+    adam_beta1: float = key(0.9, OUTPUT, "AdamW's", rule=FRACTION)
+    adam_beta2: float = key(0.95, OUTPUT, "AdamW's", rule=FRACTION)
+    adam_eps: float = key(1e-8, OUTPUT, "AdamW's", rule=POSITIVE)
+    clip_grad: float = key(1.0, OUTPUT, "the gradient norm's limit", rule=NOT_NEGATIVE)
     precision: c.Precision = key(c.Precision.bf16, OUTPUT, "the math's precision", common=True)
     fp8_recipe: c.Fp8Recipe = key(c.Fp8Recipe.delayed, OUTPUT, "fp8 scaling")
     recompute: c.Recompute = key(
@@ -228,23 +277,27 @@ class TrainConfig:
     # never the PyPI package named apex; false leaves it out (TE's GEMMs still accumulate theirs)
     apex: bool = key(True, NOT_SETTING, "NVIDIA apex's gradient-accumulation fusion, installed")
     seed: int = key(1234, OUTPUT, "the seed of initialisation and sampling")
-    log_interval: int = key(10, NOT_SETTING, "steps between log lines")
+    log_interval: int = key(10, NOT_SETTING, "steps between log lines", rule=AT_LEAST_ONE)
     profile_steps: list[int] = key(
         role=NOT_SETTING, help="[first, last]: profiled into train/profile.txt", factory=list
     )
-    eval_interval: int = key(100, CONTINUE, "steps between validations", common=True)
+    eval_interval: int = key(
+        100, CONTINUE, "steps between validations", rule=AT_LEAST_ONE, common=True
+    )
     # the same sequences each time, whatever the micro-batch or ranks, so runs compare;
     # recorded as train.validation_samples
-    eval_samples: int = key(64, OUTPUT, "sequences each validation reads", bound=AT_LEAST_ONE)
+    eval_samples: int = key(64, OUTPUT, "sequences each validation reads", rule=AT_LEAST_ONE)
     # Read from run folders and jobs of earlier versions; refused on a command line
     eval_iters: int | None = key(None, NOT_SETTING, "before eval_samples: micro-batches per rank")
-    save_interval: int = key(200, CONTINUE, "steps between checkpoints; 0: none", common=True)
-    keep_last: int = key(2, CONTINUE, "checkpoints kept besides the best one")
+    save_interval: int = key(
+        200, CONTINUE, "steps between checkpoints; 0: none", rule=NOT_NEGATIVE, common=True
+    )
+    keep_last: int = key(2, CONTINUE, "checkpoints kept besides the best one", rule=AT_LEAST_ONE)
     max_failed_saves: int = key(
         3,
         NOT_SETTING,
         "saves in a row that may fail for space, skipped, before the run stops",
-        bound=AT_LEAST_ONE,
+        rule=AT_LEAST_ONE,
     )
     # training waits only for the copy to host memory, which holds one more copy of the shard
     async_save: bool = key(True, NOT_SETTING, "write checkpoints in the background", common=True)
@@ -254,17 +307,17 @@ class TrainConfig:
         False, NOT_SETTING, "save the distributed optimizer's state for any layout"
     )
     threads: int | None = key(
-        None, NOT_SETTING, "CPU threads per rank; none: torch's", bound=AT_LEAST_ONE
+        None, NOT_SETTING, "CPU threads per rank; none: torch's", rule=AT_LEAST_ONE
     )
     exit_signal_lead_s: int = key(120, NOT_SETTING, "Slurm's warning before the time limit")
-    max_requeues: int = key(20, NOT_SETTING, "requeues at time limits", bound=NOT_NEGATIVE)
+    max_requeues: int = key(20, NOT_SETTING, "requeues at time limits", rule=NOT_NEGATIVE)
     nonfinite: c.NonFinite = key(c.NonFinite.skip, CONTINUE, "a NaN/inf step: skip or stop")
     # fp16's loss-scale overflows do not count
     max_skipped_in_a_row: int = key(
         10,
         CONTINUE,
         "with nonfinite=skip: this many NaN/inf steps in a row stop a diverged run",
-        bound=AT_LEAST_ONE,
+        rule=AT_LEAST_ONE,
     )
     # Derived, not a setting
     auto_choice: str | None = key(None, NOT_SETTING, "what the planner chose for auto, and why")
@@ -274,21 +327,24 @@ class TrainConfig:
 class EvalConfig:
     checkpoint: str = key("best", OUTPUT, "best | latest | a checkpoint folder", common=True)
     max_batches: int | None = key(
-        None, OUTPUT, "micro-batches per evaluated set; none: all", bound=AT_LEAST_ONE
+        None, OUTPUT, "micro-batches per evaluated set; none: all", rule=AT_LEAST_ONE
     )
     micro_batch_size: int | None = key(
-        None, OUTPUT, "none: train.micro_batch_size", bound=AT_LEAST_ONE
+        None, OUTPUT, "none: train.micro_batch_size", rule=AT_LEAST_ONE
     )
     prompts: list[str] = key(
         role=OUTPUT,
         help="prompts of the samples generated",
         factory=lambda: ["The function returns", "Python is", "To open a file,"],
     )
-    max_new_tokens: int = key(48, OUTPUT, "tokens generated per prompt", bound=NOT_NEGATIVE)
-    top_k: int = key(40, OUTPUT, "sampling's", bound=NOT_NEGATIVE)
-    top_p: float = key(0.9, OUTPUT, "sampling's")
+    max_new_tokens: int = key(48, OUTPUT, "tokens generated per prompt", rule=NOT_NEGATIVE)
+    top_k: int = key(40, OUTPUT, "sampling's", rule=NOT_NEGATIVE)
+    top_p: float = key(0.9, OUTPUT, "sampling's", rule=r.PROBABILITY)
     extra_sets: dict[str, str] = key(
-        role=OUTPUT, help="more held-out sets: NAME=JSONL glob", factory=dict
+        role=OUTPUT,
+        help="more held-out sets: NAME=JSONL glob",
+        factory=dict,
+        rule=r.EXTRA_SET_NAMES,
     )
     all_checkpoints: bool = key(False, OUTPUT, "the test loss of every kept checkpoint too")
     # run only if lm_eval is installed and their data is local
@@ -300,81 +356,94 @@ class ExportConfig:
     """The export stage and `python -m pipeline.export`: the checkpoint eval.checkpoint names, as
     a Hugging Face model folder with its tokenizer."""
 
-    out: str | None = key(None, NOT_SETTING, "the folder; none: WORKDIR/export", common=True)
+    out: str | None = key(
+        None, NOT_SETTING, "the folder; none: WORKDIR/export", rule=r.FOLDER_TO_WRITE, common=True
+    )
     dtype: c.ExportDtype = key(c.ExportDtype.bf16, OUTPUT, "the weights' dtype", common=True)
-    shard_gb: float = key(5.0, OUTPUT, "the most weight bytes in one safetensors file")
+    shard_gb: float = key(
+        5.0, OUTPUT, "the most weight bytes in one safetensors file", rule=POSITIVE
+    )
 
 
 @dataclass
 class ClusterConfig:
     name: c.ClusterName = command(c.ClusterName.local, "local or slurm")
     executor: c.Executor = command(c.Executor.inprocess, "local: inprocess | subprocess")
-    nodes: int = command(1, "nodes of the training job", bound=AT_LEAST_ONE, common=True)
-    gpus_per_node: int = command(0, "GPUs per node", bound=NOT_NEGATIVE, common=True)
+    nodes: int = command(1, "nodes of the training job", rule=AT_LEAST_ONE, common=True)
+    gpus_per_node: int = command(0, "GPUs per node", rule=NOT_NEGATIVE, common=True)
     tasks_per_node: int | None = command(
-        None, "training ranks per node; none: one per GPU", bound=AT_LEAST_ONE
+        None, "training ranks per node; none: one per GPU", rule=AT_LEAST_ONE
     )
-    cpus_per_task: int = command(2, "CPUs per task", bound=AT_LEAST_ONE)
-    mem_gb: int | None = command(None, "memory per node", bound=AT_LEAST_ONE)
+    cpus_per_task: int = command(2, "CPUs per task", rule=AT_LEAST_ONE)
+    mem_gb: int | None = command(None, "memory per node", rule=AT_LEAST_ONE)
     partition: str | None = command(None, "the Slurm partition", script=True, common=True)
     cpu_partition: str | None = command(
         None, "for tokenizer, tokenize and verify jobs; none: partition", script=True
     )
     account: str | None = command(None, "the Slurm account", script=True, common=True)
     qos: str | None = command(None, "the Slurm QOS", script=True)
-    time_limit: str = command("04:00:00", "of GPU jobs", common=True)
-    cpu_time_limit: str = command("02:00:00", "of CPU jobs")
-    array_parallelism: int = command(64, "tokenize tasks at once", bound=AT_LEAST_ONE)
+    time_limit: str = command("04:00:00", "of GPU jobs", rule=r.SLURM_TIME, common=True)
+    cpu_time_limit: str = command("02:00:00", "of CPU jobs", rule=r.SLURM_TIME)
+    array_parallelism: int = command(64, "tokenize tasks at once", rule=AT_LEAST_ONE)
     setup: list[str] = command(help="shell lines each job runs first", factory=list)
-    sbatch_extra: dict[str, Any] = command(help="more #SBATCH options", factory=dict, script=True)
+    sbatch_extra: dict[str, Any] = command(
+        help="more #SBATCH options", factory=dict, rule=r.SBATCH_OPTIONS, script=True
+    )
     env: dict[str, str] = command(
-        help="exported in each job script (NCCL_SOCKET_IFNAME, ...)", factory=dict, script=True
+        help="exported in each job script (NCCL_SOCKET_IFNAME, ...)",
+        factory=dict,
+        rule=r.ENVIRONMENT,
+        script=True,
     )
     srun_args: list[str] = command(
         help="more options of the tasks' srun", factory=list, script=True
     )
     # pyxis/enroot: srun --container-image, --container-mounts
     container_image: str | None = command(None, "a container for the tasks", script=True)
-    container_mounts: list[str] = command(help="SRC:DST[:FLAGS]", factory=list, script=True)
+    container_mounts: list[str] = command(
+        help="SRC:DST[:FLAGS]", factory=list, rule=r.MOUNTS, script=True
+    )
     gpu: str | None = command(None, "GPU model, e.g. H100: peak FLOP/s, memory and fp8")
     gpu_memory_gb: float | None = command(None, "none: that of cluster.gpu, when known")
     # The planner's machine model (pipeline.planning.hardware); none: cluster.gpu's preset
     peak_tflops: float | None = command(
-        None, "dense bf16 peak per GPU, TFLOP/s (fp8: twice this)", bound=POSITIVE
+        None, "dense bf16 peak per GPU, TFLOP/s (fp8: twice this)", rule=POSITIVE
     )
-    hbm_gbps: float | None = command(None, "GPU memory bandwidth, GB/s", bound=POSITIVE)
+    hbm_gbps: float | None = command(None, "GPU memory bandwidth, GB/s", rule=POSITIVE)
     nvlink_gbps: float | None = command(
-        None, "NVLink bandwidth per GPU and direction, GB/s", bound=POSITIVE
+        None, "NVLink bandwidth per GPU and direction, GB/s", rule=POSITIVE
     )
     network_gbps: float | None = command(
-        None, "network bandwidth per GPU and direction, GB/s", bound=POSITIVE
+        None, "network bandwidth per GPU and direction, GB/s", rule=POSITIVE
     )
     nvlink_domain: int | None = command(
-        None, "GPUs joined by NVLink; none: a node (72 for GB200)", bound=AT_LEAST_ONE
+        None, "GPUs joined by NVLink; none: a node (72 for GB200)", rule=AT_LEAST_ONE
     )
-    checkpoint_write_gbps: float = command(1.0, "the checkpoint filesystem's write GB/s")
+    checkpoint_write_gbps: float = command(
+        1.0, "the checkpoint filesystem's write GB/s", rule=POSITIVE
+    )
     rendezvous_timeout_s: float = command(300.0, "a rank's wait for every rank to start")
     hang_timeout_s: float | None = command(
         None,
         "a training rank without progress this long ends the attempt; none: 10x the slowest "
         "step (60 s at least, 900 s before the first step and in loads and saves); 0: off",
-        bound=NOT_NEGATIVE,
+        rule=NOT_NEGATIVE,
     )
     straggler_threshold: float = command(
         0.1,
         "a rank whose own work per step exceeds the median's by this share is named",
-        bound=POSITIVE,
+        rule=POSITIVE,
     )
     max_restarts: int = command(
         3,
         "times a training job restarts its ranks in its allocation after a fault, from the "
         "newest checkpoint; then it requeues itself without the nodes at fault",
-        bound=NOT_NEGATIVE,
+        rule=NOT_NEGATIVE,
     )
     spare_nodes: int = command(
         0,
         "nodes a training job holds beyond cluster.nodes, each to take a faulty node's place",
-        bound=NOT_NEGATIVE,
+        rule=NOT_NEGATIVE,
     )
 
 
@@ -416,9 +485,14 @@ class LoggingConfig:
 
 @dataclass
 class PipelineConfig:
-    workdir: str = command(MISSING, "the run folder", script=True, common=True)
+    workdir: str = command(
+        MISSING, "the run folder", rule=r.FOLDER_TO_WRITE, script=True, common=True
+    )
     stages: list[str] = command(
-        help="the stages to run", factory=lambda: list(DEFAULT_STAGES), common=True
+        help="the stages to run",
+        factory=lambda: list(DEFAULT_STAGES),
+        rule=r.in_order(STAGES),
+        common=True,
     )
     dry_run: bool = command(False, "plan and show the jobs, run nothing")
     # what they held is moved to replaced/ in the run folder

@@ -147,7 +147,8 @@ def test_every_entry_point_has_its_own_help(entry, tmp_path):
     assert result.stdout.startswith(f"usage: python -m {entry} ")
     assert "  model=       gpt-1.3b, gpt-125m," in result.stdout  # the groups, from conf/
     assert (
-        "\n  train.steps                  training steps; more continues a run\n" in result.stdout
+        "\n  train.steps                  training steps; more continues a run (must be at least 1)\n"
+        in result.stdout
     )
     assert (
         "  train.precision              the math's precision (fp32 | bf16 | fp16 | fp8)"

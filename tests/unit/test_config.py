@@ -8,7 +8,8 @@ import pytest
 
 from pipeline import config
 from pipeline.config import ConfigError, PipelineConfig, derived
-from pipeline.config.validate import validate
+from pipeline.config.checks import check
+from pipeline.config.schema import SourceConfig
 from tests.conftest import CONF, make_config
 
 GROUPS = sorted(p.name for p in CONF.iterdir() if p.is_dir())
@@ -59,7 +60,7 @@ def test_validation_never_changes_the_config_it_checks(tmp_path):
         validate=False,
     )
     before = dataclasses.asdict(given)
-    validate(given)
+    check(given)
     resolved = derived.resolve(given)
     assert dataclasses.asdict(given) == before
     assert (given.train.micro_batch_size, given.train.grad_accum) == (8, 2)
@@ -106,9 +107,24 @@ def test_a_saved_config_reads_back_as_the_same_typed_config(tmp_path):
         (["+eval.extra_sets.wiki=/nonexistent/*.jsonl"], "eval.extra_sets.wiki"),
         (["+eval.extra_sets.test=/nonexistent.jsonl"], "eval.extra_sets.test"),
         (["eval.max_batches=0"], "eval.max_batches"),
+        (["model.num_query_groups=-1"], "model.num_query_groups"),  # was accepted
+        (["model.num_query_groups=0"], "model.num_query_groups"),  # was multi-head
+        (["model.max_position_embeddings=-1"], "model.max_position_embeddings"),
+        (  # reached the planner, which divided by it
+            ["train.micro_batch_size=0", "parallel.tensor=auto", "cluster.gpu=H100"],
+            "train.micro_batch_size",
+        ),
     ],
 )
 def test_invalid_config_names_the_key(overrides, key, tmp_path):
     with pytest.raises(ConfigError) as error:
         make_config(tmp_path, *overrides)
     assert str(error.value).startswith(f"{key}:"), error.value
+
+
+def test_a_row_filter_on_a_source_read_as_text_by_the_data_format_is_refused(tmp_path):
+    cfg = make_config(tmp_path, "data.format=text")
+    source = SourceConfig(inputs=[], where="language_score >= 0.9")  # its format: data.format
+    mixture = dataclasses.replace(cfg.data, sources={"web": source})
+    with pytest.raises(ConfigError, match=r"^data.sources.web.where: filters Parquet or Arrow"):
+        check(dataclasses.replace(cfg, data=mixture))
