@@ -30,7 +30,7 @@ def _require(ok: bool, key: str, message: str) -> None:
         raise ConfigError(f"{key}: {message}")
 
 
-def not_one_of(value: object, allowed: tuple[str, ...]) -> str:
+def _not_one_of(value: object, allowed: tuple[str, ...]) -> str:
     return f"{str(value)!r} is not one of {', '.join(allowed)}"
 
 
@@ -61,7 +61,7 @@ def check_each_key(section: Any, prefix: str = "") -> None:
     for leaf in keys.leaves(section):
         name, value = prefix + leaf.name, value_at(section, leaf.name)
         if leaf.choices is not None:
-            _require(value in leaf.choices, name, not_one_of(value, leaf.choices))
+            _require(value in leaf.choices, name, _not_one_of(value, leaf.choices))
         if leaf.info is None:
             continue
         if leaf.info.script:
@@ -132,7 +132,7 @@ def _check_cluster(cfg: PipelineConfig) -> None:
     )
     allowed = ("inprocess", "subprocess") if cfg.cluster.name == "local" else ("slurm",)
     executor = cfg.cluster.executor
-    _require(executor in allowed, "cluster.executor", not_one_of(executor, allowed))
+    _require(executor in allowed, "cluster.executor", _not_one_of(executor, allowed))
     _require(
         cfg.cluster.container_image is not None or not cfg.cluster.container_mounts,
         "cluster.container_mounts",
