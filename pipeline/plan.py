@@ -97,7 +97,7 @@ def main() -> None:
     log.take_quiet(sys.argv)  # -q: warnings and errors only
     usage.answer_help("pipeline.plan", sys.argv[1:])
     if "--validate" in sys.argv[1:]:
-        from pipeline.planning.validation_report import report_lines
+        from pipeline.planning.calibration_report import report_lines
 
         lines, ok = report_lines()
         print("\n".join(lines))
