@@ -158,14 +158,14 @@ class ModelConfig:
 
 @dataclass
 class ParallelConfig:
-    # With tensor=auto, sequence parallelism follows the planner's choice. Any: a number or
-    # auto (OmegaConf has no unions); what runs reads them typed (pipeline.config.derived.settled)
+    # Any: a number or auto (OmegaConf has no unions); what runs reads them typed (pipeline.config.derived.settled)
     tensor: Any = command(1, "tensor-parallel size, or auto (GPU runs)", common=True)
     pipeline: Any = command(1, "pipeline-parallel size, or auto (GPU runs)", common=True)
     virtual_pipeline: int | None = command(
         None, "virtual stages per pipeline rank", bound=AT_LEAST_ONE, common=True
     )
-    sequence_parallel: bool = command(False, "with tensor parallelism")
+    # none: on whenever tensor parallelism is, on GPUs (less activation memory, the same traffic)
+    sequence_parallel: bool | None = command(None, "none: on with parallel.tensor > 1 on GPUs")
     distributed_optimizer: bool = command(True, "optimizer state sharded over data parallelism")
     # Communication overlap, as the fastest published Megatron runs use it; each is a no-op on
     # one GPU (no data-parallel or tensor-parallel peers to talk to)

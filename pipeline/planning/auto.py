@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from pipeline.config import PipelineConfig
-from pipeline.config.derived import trains_on_gpu, world_size
+from pipeline.config.derived import sequence_parallel, trains_on_gpu, world_size
 from pipeline.config.schema import AUTO
 from pipeline.core.errors import ConfigError
 from pipeline.core.paths import RunPaths
@@ -113,15 +113,14 @@ def parallel_layouts(cfg: PipelineConfig) -> tuple[list[tuple[int, int]], str]:
 
 
 def laid_out(cfg: PipelineConfig, tensor: int, pipeline: int) -> PipelineConfig:
-    """The config under this tensor and pipeline size; sequence parallelism on with tensor
-    parallelism when the planner chose it, virtual stages only with pipeline stages."""
+    """The config under this tensor and pipeline size; sequence parallelism as the run would
+    use it with that tensor size, virtual stages only with pipeline stages."""
     p = cfg.parallel
-    sequence = tensor > 1 if p.tensor == AUTO else p.sequence_parallel
     virtual = p.virtual_pipeline if pipeline > 1 else None
-    shaped = replace(
-        p, tensor=tensor, pipeline=pipeline, sequence_parallel=sequence, virtual_pipeline=virtual
-    )
-    return replace(cfg, parallel=shaped)
+    shaped = replace(cfg, parallel=replace(p, tensor=tensor, pipeline=pipeline))
+    sequence = sequence_parallel(shaped)
+    parallel = replace(shaped.parallel, sequence_parallel=sequence, virtual_pipeline=virtual)
+    return replace(cfg, parallel=parallel)
 
 
 def micro_batches(cfg: PipelineConfig, data: int, fixed_layout: bool) -> list[int]:

@@ -199,11 +199,12 @@ def _check_fits(cfg: PipelineConfig, vocab_size: int, gpu: RunGpu | None) -> Non
     found = search_layouts(cfg, vocab_size, ranks, 0, per_node, hw, capacity=capacity)
     if found.feasible:
         lo = found.feasible[0].layout
+        turned_on = lo.sequence_parallel and not cfg.parallel.sequence_parallel
         hint = (
             f"the best layout that fits: parallel.tensor={lo.tensor} "
             f"parallel.pipeline={lo.pipeline} train.micro_batch_size={lo.micro_batch} "
             f"train.recompute={lo.recompute}"
-            + (" parallel.sequence_parallel=true" if lo.sequence_parallel else "")
+            + (" parallel.sequence_parallel=true" if turned_on else "")
         )
     else:
         hint = f"no layout of {ranks} GPUs fits: use more GPUs"
