@@ -137,16 +137,25 @@ def batch(cfg: PipelineConfig) -> Batch:
     return Batch(micro, t.grad_accum, dp)
 
 
+def given_tokenizer(cfg: PipelineConfig) -> str | None:
+    """The sentencepiece model the run tokenizes with when it trains none: tokenizer.model,
+    else model.init_from's own tokenizer.model."""
+    if cfg.tokenizer.model or not cfg.model.init_from:
+        return cfg.tokenizer.model
+    return os.path.join(cfg.model.init_from, "tokenizer.model")
+
+
 def resolve(cfg: PipelineConfig) -> PipelineConfig:
     """A copy of a validated config with train.micro_batch_size, train.grad_accum (see
-    `batch`) and parallel.sequence_parallel (see `sequence_parallel`) as the run uses them."""
+    `batch`), parallel.sequence_parallel (see `sequence_parallel`) and the tokenizer (see
+    `given_tokenizer`) as the run uses them."""
     if AUTO in (cfg.train.recompute, cfg.parallel.tensor, cfg.parallel.pipeline):
         raise ValueError("auto values not settled (pipeline.planning.auto)")
     b = batch(cfg)
     train = dataclasses.replace(cfg.train, micro_batch_size=b.micro, grad_accum=b.grad_accum)
     tokenizer = cfg.tokenizer
-    if cfg.model.init_from and not tokenizer.model:  # the Llama's own tokenizer
-        model = os.path.join(cfg.model.init_from, "tokenizer.model")
-        tokenizer = dataclasses.replace(tokenizer, model=model)
+    model = given_tokenizer(cfg)
+    if model:  # tokenizer.vocab_size trains a tokenizer: beside a given one it says nothing
+        tokenizer = dataclasses.replace(tokenizer, model=model, vocab_size=None)
     parallel = dataclasses.replace(cfg.parallel, sequence_parallel=sequence_parallel(cfg))
     return dataclasses.replace(cfg, train=train, tokenizer=tokenizer, parallel=parallel)

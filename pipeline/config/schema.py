@@ -111,7 +111,8 @@ class TokenizerConfig:
         None, OUTPUT, "an existing sentencepiece .model; none: train one", common=True
     )
     type: c.TokenizerType = key(c.TokenizerType.bpe, OUTPUT, "the sentencepiece model type")
-    vocab_size: int = key(4096, OUTPUT, "pieces of a trained tokenizer", common=True)
+    # none in a run's config.yaml beside a given tokenizer.model, whose pieces it does not set
+    vocab_size: int | None = key(4096, OUTPUT, "pieces of a trained tokenizer", common=True)
     sample_documents: int = key(
         200_000, OUTPUT, "documents of a seeded sample to train on", bound=AT_LEAST_ONE
     )

@@ -234,7 +234,8 @@ def _validate_tokenizer(cfg: PipelineConfig) -> None:
     tk = cfg.tokenizer
     if tk.model:
         _require(os.path.isfile(tk.model), "tokenizer.model", f"{tk.model} is not a file")
-    _require(tk.vocab_size >= 64, "tokenizer.vocab_size", "must be at least 64")
+    unused = tk.model and tk.vocab_size is None  # beside a given model (derived.resolve)
+    _require(unused or (tk.vocab_size or 0) >= 64, "tokenizer.vocab_size", "must be at least 64")
     if not tk.model:  # a tokenizer to train: its fixed pieces come first
         fixed = 3 + len(tk.user_defined_symbols) + (256 if tk.byte_fallback else 0)
         _require(

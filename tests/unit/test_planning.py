@@ -423,3 +423,32 @@ def test_a_gpu_found_on_this_machine_is_the_gpu_of_every_estimate(tmp_path, monk
     assert " x H200 (" in next(line for line in lines if line.startswith("Wall time:"))
     chosen = make_config(tmp_path, "train=gpu", "model=gpt-1.3b", "cluster.gpus_per_node=1")
     assert "(this machine's NVIDIA H200)" in chosen.train.auto_choice
+
+
+def test_a_given_tokenizer_sets_the_vocabulary_and_tokenizer_vocab_size_is_not_carried(tmp_path):
+    """model.init_from's tokenizer (or tokenizer.model) is the vocabulary the plan counts; the
+    unused tokenizer.vocab_size is not in the run's config.yaml."""
+    import io
+
+    import sentencepiece as spm
+
+    from pipeline import config
+
+    llama = tmp_path / "llama"
+    llama.mkdir()
+    text = [f"line {i}: the quick brown fox jumps over {i * 7} lazy dogs" for i in range(300)]
+    model = io.BytesIO()
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(text), model_writer=model, vocab_size=100, minloglevel=2
+    )
+    (llama / "tokenizer.model").write_bytes(model.getvalue())
+    for given in (f"model.init_from={llama}", f"tokenizer.model={llama / 'tokenizer.model'}"):
+        cfg = make_config(tmp_path / "run", "model=tiny", given, "tokenizer.vocab_size=4096")
+        assert cfg.tokenizer.vocab_size is None
+        assert "4096" not in config.to_yaml(cfg)
+        assert datasets.vocab_size(cfg) == (100, str(llama / "tokenizer.model"))
+        lines = plan_lines(cfg, PlanOptions())
+        assert f"Vocabulary: 100 ({llama / 'tokenizer.model'}), padded to 128" in lines
+    trained = make_config(tmp_path / "other", "model=tiny", "tokenizer.vocab_size=4096")
+    assert trained.tokenizer.vocab_size == 4096
+    assert datasets.vocab_size(trained) == (4096, "tokenizer.vocab_size")
