@@ -21,6 +21,7 @@ from pipeline import cli, usage
 from pipeline.config import PipelineConfig
 from pipeline.core import log
 from pipeline.core.errors import ConfigError
+from pipeline.planning import preflight, run_gpu
 from pipeline.planning.render import PlanOptions, plan_json, plan_lines
 
 _FLAGS = {
@@ -32,6 +33,9 @@ _FLAGS = {
     "--mfu": "mfu",
     "--json": "json",
 }
+# Flags that name the run's GPU: they set its cluster keys (unless the overrides do), so that
+# every line of the plan is for the GPU the launcher would use
+_CLUSTER_KEYS = {"gpu": "cluster.gpu", "gpu_memory_gb": "cluster.gpu_memory_gb"}
 _SWITCHES = {"search", "json"}
 _SUFFIX = {"K": 1e3, "M": 1e6, "B": 1e9, "G": 1e9, "T": 1e12}
 
@@ -49,8 +53,6 @@ def _set_option(options: PlanOptions, name: str, value: str) -> None:
         setattr(options, name, value.lower() not in ("false", "0", "no"))
     elif name == "gpus":
         options.gpus = int(value)
-    elif name == "gpu":
-        options.gpu = value
     elif name == "tokens":
         options.tokens = parse_tokens(value)
     else:
@@ -59,8 +61,9 @@ def _set_option(options: PlanOptions, name: str, value: str) -> None:
 
 def pop_options(argv: list[str]) -> tuple[PlanOptions, list[str]]:
     """Take the plan's own flags (--gpu-memory 80, --gpu-memory=80, plan.gpu_memory_gb=80, ...)
-    out of argv; the rest are Hydra overrides."""
-    options, rest = PlanOptions(), []
+    out of argv; the rest are Hydra overrides, with cluster.gpu and cluster.gpu_memory_gb for
+    --gpu and --gpu-memory where the overrides do not set them."""
+    options, rest, cluster = PlanOptions(), [], {}
     names = set(_FLAGS.values())
     i = 0
     while i < len(argv):
@@ -77,16 +80,25 @@ def pop_options(argv: list[str]) -> tuple[PlanOptions, list[str]]:
                     raise ConfigError(f"{flag}: needs a value")
                 i += 1
                 value = argv[i]
-            _set_option(options, name, value)
         elif flag.startswith("plan.") and flag[5:] in names and inline:
-            _set_option(options, flag[5:], inline)
+            name, value = flag[5:], inline
         else:
             rest.append(arg)
+            i += 1
+            continue
+        if name in _CLUSTER_KEYS:
+            cluster[_CLUSTER_KEYS[name]] = value
+        else:
+            _set_option(options, name, value)
         i += 1
+    for key, value in cluster.items():
+        if not any(arg.startswith(f"{key}=") for arg in rest):
+            rest.append(f"{key}={value}")
     return options, rest
 
 
 def show(options: PlanOptions, cfg: PipelineConfig) -> None:
+    preflight.check_fp8(cfg, run_gpu.of(cfg))  # what the launcher refuses, the plan does too
     if options.json:
         print(json.dumps(plan_json(cfg, options), indent=1))
     else:
@@ -97,7 +109,7 @@ def main() -> None:
     log.take_quiet(sys.argv)  # -q: warnings and errors only
     usage.answer_help("pipeline.plan", sys.argv[1:])
     if "--validate" in sys.argv[1:]:
-        from pipeline.planning.validation_report import report_lines
+        from pipeline.planning.calibration_report import report_lines
 
         lines, ok = report_lines()
         print("\n".join(lines))
@@ -106,12 +118,6 @@ def main() -> None:
         options, rest = pop_options(sys.argv[1:])
     except ConfigError as e:
         cli.fail(str(e), cli.EXIT_CONFIG)
-    # the GPU planned for is the one train.micro_batch_size=auto and train.recompute=auto plan
-    # for, unless the overrides name one
-    if options.gpu and not any(arg.startswith("cluster.gpu=") for arg in rest):
-        rest.append(f"cluster.gpu={options.gpu}")
-    if options.gpu_memory_gb and not any(a.startswith("cluster.gpu_memory_gb=") for a in rest):
-        rest.append(f"cluster.gpu_memory_gb={options.gpu_memory_gb:g}")
     sys.argv[1:] = rest
     cli.check_overrides(rest)
 

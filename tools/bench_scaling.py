@@ -85,9 +85,10 @@ def planned(overrides: list[str], gpu: str) -> dict:
     from pipeline.planning.memory import memory_per_gpu
     from pipeline.planning.parallel_layout import ParallelLayout
     from pipeline.planning.throughput import expected_step
-    from pipeline.runtime.gpus import capacity_bytes, memory_gb
+    from pipeline.runtime.gpus import capacity_bytes, memory_gb, model_name
 
-    hw = hardware.preset(gpu)  # the preset of nvidia-smi's name (H100 for "NVIDIA H100 80GB")
+    # the model of nvidia-smi's name (H100 for "NVIDIA H100 80GB"); H100's for one unknown
+    hw = hardware.preset(model_name(gpu) or hardware.DEFAULT_GPU)
     cfg = compose("/tmp/unused", *overrides, f"cluster.gpu={hw.name}", check=False)
     layout = ParallelLayout.of(cfg)
     per_rank = cfg.train.global_batch_size // layout.data

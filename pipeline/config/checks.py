@@ -47,10 +47,12 @@ def check_across_keys(cfg: PipelineConfig) -> None:
     _check_data(cfg)
     _check_tokenizer(cfg)
     _check_model(cfg)
+    # the layout and cluster keys before the batch arithmetic that uses them, so that a wrong
+    # one is blamed, not train.global_batch_size
+    _check_cluster(cfg)
     _check_parallel(cfg)
     _check_batch(cfg)
     _check_train(cfg)
-    _check_cluster(cfg)
     _check_eval(cfg)
 
 
@@ -213,6 +215,8 @@ def _check_data(cfg: PipelineConfig) -> None:
 
 def _check_tokenizer(cfg: PipelineConfig) -> None:
     tk = cfg.tokenizer
+    # none only beside a given model, whose pieces it does not set (derived.resolve)
+    _require(bool(tk.model) or tk.vocab_size is not None, "tokenizer.vocab_size", "must be given")
     if not tk.model:  # a tokenizer to train: its fixed pieces come first
         fixed = 3 + len(tk.user_defined_symbols) + (256 if tk.byte_fallback else 0)
         _require(
@@ -256,30 +260,34 @@ def _check_model(cfg: PipelineConfig) -> None:
 
 def _check_parallel(cfg: PipelineConfig) -> None:
     p, m = cfg.parallel, cfg.model
-    if AUTO in (p.tensor, p.pipeline):  # chosen by the planner, then checked again
-        return
+    # each size given is checked alone (the planner chooses an auto one, then it is checked
+    # again), then the two together
     ws = derived.world_size(cfg.cluster)
-    _require(
-        ws % (p.tensor * p.pipeline) == 0,
-        "parallel.tensor",
-        f"tensor x pipeline = {p.tensor * p.pipeline} does not divide the world size {ws} "
-        f"(cluster.nodes x cluster.gpus_per_node)",
-    )
+    ranks = f"the job's {ws} rank{'s' * (ws != 1)} (cluster.nodes x tasks per node)"
+    given = {key: getattr(p, key) for key in ("tensor", "pipeline") if getattr(p, key) != AUTO}
+    for key, size in given.items():
+        _require(ws % size == 0, f"parallel.{key}", f"{size} does not divide {ranks}")
     groups = m.num_query_groups or m.num_attention_heads
     _require(
-        m.num_attention_heads % p.tensor == 0 and groups % p.tensor == 0,
+        "tensor" not in given or m.num_attention_heads % p.tensor == 0 and groups % p.tensor == 0,
         "parallel.tensor",
         f"{p.tensor} does not divide the attention heads ({m.num_attention_heads}) "
         f"and query groups ({groups})",
     )
-    stages = p.pipeline * (p.virtual_pipeline or 1)
+    stages = p.pipeline * (p.virtual_pipeline or 1) if "pipeline" in given else 1
     _require(
         m.num_layers % stages == 0,
         "parallel.pipeline",
         f"model.num_layers={m.num_layers} is not divisible by pipeline x virtual stages = {stages}",
     )
     _require(
-        not p.sequence_parallel or p.tensor > 1,
+        "tensor" not in given or not p.sequence_parallel or p.tensor > 1,
         "parallel.sequence_parallel",
         "needs parallel.tensor > 1",
     )
+    if len(given) == 2:
+        _require(
+            ws % (p.tensor * p.pipeline) == 0,
+            "parallel.tensor",
+            f"tensor x pipeline = {p.tensor * p.pipeline} does not divide {ranks}",
+        )

@@ -74,6 +74,15 @@ def trains_on_gpu(cfg: PipelineConfig) -> bool:
     return device == "cuda" or (device == "auto" and cfg.cluster.gpus_per_node > 0)
 
 
+def sequence_parallel(cfg: PipelineConfig) -> bool:
+    """parallel.sequence_parallel as the run uses it: as given, else on whenever the run has
+    tensor parallelism on GPUs (megatron-core's sequence parallelism needs CUDA)."""
+    p = cfg.parallel
+    if p.sequence_parallel is not None:
+        return p.sequence_parallel
+    return type(p.tensor) is int and p.tensor > 1 and trains_on_gpu(cfg)
+
+
 @dataclass(frozen=True)
 class Batch:
     """global = micro x data-parallel size x accumulation."""
@@ -119,15 +128,25 @@ def batch(cfg: PipelineConfig) -> Batch:
     return Batch(micro, t.grad_accum, dp)
 
 
+def given_tokenizer(cfg: PipelineConfig) -> str | None:
+    """The sentencepiece model the run tokenizes with when it trains none: tokenizer.model,
+    else model.init_from's own tokenizer.model."""
+    if cfg.tokenizer.model or not cfg.model.init_from:
+        return cfg.tokenizer.model
+    return os.path.join(cfg.model.init_from, "tokenizer.model")
+
+
 def resolve(cfg: PipelineConfig) -> PipelineConfig:
-    """A copy of a checked config with train.micro_batch_size and train.grad_accum as the
-    run uses them (see `batch`)."""
+    """A copy of a checked config with train.micro_batch_size, train.grad_accum (see
+    `batch`), parallel.sequence_parallel (see `sequence_parallel`) and the tokenizer (see
+    `given_tokenizer`) as the run uses them."""
     if AUTO in (cfg.train.recompute, cfg.parallel.tensor, cfg.parallel.pipeline):
         raise ValueError("auto values not settled (pipeline.planning.auto)")
     b = batch(cfg)
     train = dataclasses.replace(cfg.train, micro_batch_size=b.micro, grad_accum=b.grad_accum)
     tokenizer = cfg.tokenizer
-    if cfg.model.init_from and not tokenizer.model:  # the Llama's own tokenizer
-        model = os.path.join(cfg.model.init_from, "tokenizer.model")
-        tokenizer = dataclasses.replace(tokenizer, model=model)
-    return dataclasses.replace(cfg, train=train, tokenizer=tokenizer)
+    model = given_tokenizer(cfg)
+    if model:  # tokenizer.vocab_size trains a tokenizer: beside a given one it says nothing
+        tokenizer = dataclasses.replace(tokenizer, model=model, vocab_size=None)
+    parallel = dataclasses.replace(cfg.parallel, sequence_parallel=sequence_parallel(cfg))
+    return dataclasses.replace(cfg, train=train, tokenizer=tokenizer, parallel=parallel)

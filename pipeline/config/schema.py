@@ -136,7 +136,8 @@ class TokenizerConfig:
         common=True,
     )
     type: c.TokenizerType = key(c.TokenizerType.bpe, OUTPUT, "the sentencepiece model type")
-    vocab_size: int = key(
+    # none in a run's config.yaml beside a given tokenizer.model, whose pieces it does not set
+    vocab_size: int | None = key(
         4096, OUTPUT, "pieces of a trained tokenizer", rule=r.at_least(64), common=True
     )
     sample_documents: int = key(
@@ -195,8 +196,8 @@ class ModelConfig:
 
 @dataclass
 class ParallelConfig:
-    # With tensor=auto, sequence parallelism follows the planner's choice. Any: a number or
-    # auto (OmegaConf has no unions); what runs reads them typed (pipeline.config.derived.settled)
+    # Any: a number or auto (OmegaConf has no unions); what runs reads them typed
+    # (pipeline.config.derived.settled)
     tensor: Any = command(
         1, "tensor-parallel size, or auto (GPU runs)", rule=r.whole_or(AUTO), common=True
     )
@@ -206,7 +207,8 @@ class ParallelConfig:
     virtual_pipeline: int | None = command(
         None, "virtual stages per pipeline rank", rule=AT_LEAST_ONE, common=True
     )
-    sequence_parallel: bool = command(False, "with tensor parallelism")
+    # none: on whenever tensor parallelism is, on GPUs (less activation memory, the same traffic)
+    sequence_parallel: bool | None = command(None, "none: on with parallel.tensor > 1 on GPUs")
     distributed_optimizer: bool = command(True, "optimizer state sharded over data parallelism")
     # Communication overlap, as the fastest published Megatron runs use it; each is a no-op on
     # one GPU (no data-parallel or tensor-parallel peers to talk to)

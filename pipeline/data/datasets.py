@@ -9,14 +9,17 @@ validation read them in order (pipeline.data.evalsets), not through GPTDataset.
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Iterator
 
 from pipeline.config import PipelineConfig
+from pipeline.config.derived import given_tokenizer
 from pipeline.core import files
 from pipeline.core.errors import ConfigError
 from pipeline.core.paths import RunPaths
 from pipeline.data import shards, sources
 from pipeline.data.splits import check_splits
+from pipeline.data.tokenizer import load as load_tokenizer
 from pipeline.runtime import distributed
 
 
@@ -66,11 +69,15 @@ def check_data(cfg: PipelineConfig, manifest: dict) -> None:
 
 def vocab_size(cfg: PipelineConfig) -> tuple[int, str]:
     """The run's vocabulary and where it was read: the data manifest (of this run, or of
-    data.prepared) once tokenized, else tokenizer.vocab_size."""
+    data.prepared) once tokenized, else the given tokenizer (tokenizer.model, or
+    model.init_from's), else tokenizer.vocab_size, the size of the one to train."""
     for run in (cfg.workdir, cfg.data.prepared):
         if run and RunPaths.of(run).manifest.exists():
             manifest = RunPaths.of(run).manifest
             return int(files.read_json(manifest)["vocab_size"]), str(manifest)
+    given = given_tokenizer(cfg)
+    if given and os.path.isfile(given):
+        return load_tokenizer(given).vocab_size(), given
     return int(cfg.tokenizer.vocab_size), "tokenizer.vocab_size"
 
 

@@ -20,16 +20,15 @@ from dataclasses import dataclass, replace
 
 from pipeline.config import PipelineConfig
 from pipeline.config.choices import RECOMPUTE_MODES
-from pipeline.config.derived import trains_on_gpu, world_size
+from pipeline.config.derived import sequence_parallel, trains_on_gpu, world_size
 from pipeline.config.schema import AUTO
 from pipeline.core.errors import ConfigError
 from pipeline.core.paths import RunPaths
 from pipeline.data.datasets import vocab_size
-from pipeline.planning import hardware
+from pipeline.planning import hardware, run_gpu
 from pipeline.planning.hardware import Hardware
 from pipeline.planning.memory import memory_per_gpu
 from pipeline.planning.parallel_layout import ParallelLayout
-from pipeline.planning.preflight import gpu_memory_gb
 from pipeline.planning.search import divisors, pipeline_problem, tensor_parallel_problem
 from pipeline.planning.throughput import expected_step
 from pipeline.planning.units import GIB
@@ -67,30 +66,25 @@ def wants_choice(cfg: PipelineConfig) -> bool:
     return bool(auto_keys(cfg))
 
 
-def gpu_capacity(cfg: PipelineConfig) -> tuple[int, str, str | None]:
-    """Bytes a training GPU holds, what they were read from, and the GPU's name if known:
-    cluster.gpu_memory_gb or cluster.gpu, else (jobs run here) this machine's GPU."""
-    given = gpu_memory_gb(cfg)
-    if given:
-        what = f"cluster.gpu={cfg.cluster.gpu}" if cfg.cluster.gpu else "cluster.gpu_memory_gb"
-        return gpus.capacity_bytes(given), what, cfg.cluster.gpu
+def gpu_capacity(cfg: PipelineConfig) -> tuple[int, str, str]:
+    """Bytes a training GPU holds, what they were read from, and the GPU's name: those of the
+    run's GPU (pipeline.planning.run_gpu), which must be named or found here."""
+    gpu = run_gpu.of(cfg)
+    if gpu is not None and not gpu.assumed and gpu.capacity is not None:
+        return gpu.capacity, gpu.source, gpu.name
     if cfg.cluster.gpu:  # named, and not one the planner knows the memory of
         known = ", ".join(gpus.GPUS)
         raise ConfigError(
             f"cluster.gpu: {cfg.cluster.gpu} is not a GPU the planner knows ({known}); set "
             "cluster.gpu_memory_gb for the auto values, or give them"
         )
-    local = gpus.local_gpu() if cfg.cluster.executor != "slurm" else None
-    if local is None:
-        here = " (nvidia-smi finds none here: to run here, use train=cpu)"
-        here = "" if cfg.cluster.executor == "slurm" else here
-        raise ConfigError(
-            f"{auto_keys(cfg)[0]}: auto needs the GPUs' memory{here}; set cluster.gpu "
-            "(H100, H200, ...) or cluster.gpu_memory_gb, or give "
-            f"{', '.join(auto_keys(cfg))} a value"
-        )
-    name, memory_gib = local
-    return int(memory_gib * GIB), f"this machine's {name}", name
+    here = " (nvidia-smi finds none here: to run here, use train=cpu)"
+    here = "" if cfg.cluster.executor == "slurm" else here
+    raise ConfigError(
+        f"{auto_keys(cfg)[0]}: auto needs the GPUs' memory{here}; set cluster.gpu "
+        "(H100, H200, ...) or cluster.gpu_memory_gb, or give "
+        f"{', '.join(auto_keys(cfg))} a value"
+    )
 
 
 def parallel_layouts(cfg: PipelineConfig) -> tuple[list[tuple[int, int]], str]:
@@ -116,15 +110,14 @@ def parallel_layouts(cfg: PipelineConfig) -> tuple[list[tuple[int, int]], str]:
 
 
 def laid_out(cfg: PipelineConfig, tensor: int, pipeline: int) -> PipelineConfig:
-    """The config under this tensor and pipeline size; sequence parallelism on with tensor
-    parallelism when the planner chose it, virtual stages only with pipeline stages."""
+    """The config under this tensor and pipeline size; sequence parallelism as the run would
+    use it with that tensor size, virtual stages only with pipeline stages."""
     p = cfg.parallel
-    sequence = tensor > 1 if p.tensor == AUTO else p.sequence_parallel
     virtual = p.virtual_pipeline if pipeline > 1 else None
-    shaped = replace(
-        p, tensor=tensor, pipeline=pipeline, sequence_parallel=sequence, virtual_pipeline=virtual
-    )
-    return replace(cfg, parallel=shaped)
+    shaped = replace(cfg, parallel=replace(p, tensor=tensor, pipeline=pipeline))
+    sequence = sequence_parallel(shaped)
+    parallel = replace(shaped.parallel, sequence_parallel=sequence, virtual_pipeline=virtual)
+    return replace(cfg, parallel=parallel)
 
 
 def micro_batches(cfg: PipelineConfig, data: int, fixed_layout: bool) -> list[int]:

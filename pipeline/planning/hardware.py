@@ -4,7 +4,9 @@ GPU name that cluster.* keys override.
 
 Figures are the vendors' data-sheet values for the SXM parts: dense (not sparse) tensor-core
 peaks, HBM bandwidth, NVLink bandwidth per GPU and direction, one 400 Gb/s NIC per GPU (an
-NDR InfiniBand or Spectrum-X DGX/HGX node; Selene's A100 nodes had 200 Gb/s HDR).
+NDR InfiniBand or Spectrum-X DGX/HGX node; Selene's A100 nodes had 200 Gb/s HDR). The PCIe
+cards (L40S, L4, A10) have no NVLink: their GPUs talk over PCIe Gen4 x16 (32 GB/s per direction)
+and a 200 Gb/s NIC each; V100 nodes (DGX-1, NVLink 2) had 100 Gb/s EDR InfiniBand.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from pipeline.config import PipelineConfig
+from pipeline.runtime import gpus
 
 
 @dataclass(frozen=True)
@@ -39,20 +42,24 @@ PRESETS = {
     "B200": Hardware("B200", 2250.0, True, 8000.0, 900.0, 50.0, 8),
     # GB200 NVL72: 72 GPUs in one NVLink domain, four to a compute tray
     "GB200": Hardware("GB200", 2500.0, True, 8000.0, 900.0, 50.0, 72),
+    "L40S": Hardware("L40S", 362.0, True, 864.0, 32.0, 25.0, 8),
+    "L4": Hardware("L4", 121.0, True, 300.0, 32.0, 25.0, 8),
+    "A10": Hardware("A10", 125.0, False, 600.0, 32.0, 25.0, 8),
+    "V100": Hardware("V100", 125.0, False, 900.0, 150.0, 12.5, 8),  # fp16 tensor cores
 }
 DEFAULT_GPU = "H100"
 NODE = 8  # GPUs of an HGX/DGX node
 
 
 def preset(name: str | None) -> Hardware:
-    """The preset of a GPU name (cluster.gpu or torch's device name), H100's when unknown."""
-    text = str(name or "").upper()
-    if text in PRESETS:
-        return PRESETS[text]
-    for key in sorted(PRESETS, key=len, reverse=True):  # GH200 before H200, GB200 before B200
-        if key in text:
-            return PRESETS[key]
-    return PRESETS[DEFAULT_GPU]
+    """The preset of a GPU name (cluster.gpu or a device name); for a GPU without one, H100's
+    figures under a name that says so, so that no line names a GPU it was not estimated for."""
+    known = gpus.model_name(name)
+    if known in PRESETS:
+        return PRESETS[known]
+    if not name:
+        return PRESETS[DEFAULT_GPU]
+    return replace(PRESETS[DEFAULT_GPU], name=f"{name} (with {DEFAULT_GPU}'s figures)")
 
 
 def of(cfg: PipelineConfig, name: str | None = None) -> Hardware:

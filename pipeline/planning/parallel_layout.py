@@ -6,7 +6,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from pipeline.config import PipelineConfig
-from pipeline.config.derived import data_parallel_size, settled, trains_on_gpu
+from pipeline.config.derived import (
+    data_parallel_size,
+    sequence_parallel,
+    settled,
+    trains_on_gpu,
+)
 
 
 @dataclass(frozen=True)
@@ -44,6 +49,7 @@ class ParallelLayout:
     def of(cls, cfg: PipelineConfig) -> ParallelLayout:
         """The layout a validated, resolved config describes."""
         p, t, s = cfg.parallel, cfg.train, settled(cfg)
+        sp = sequence_parallel(cfg)
         return cls(
             tensor=s.tensor,
             pipeline=s.pipeline,
@@ -53,11 +59,11 @@ class ParallelLayout:
             recompute=s.recompute,
             recompute_layers=t.recompute_layers,
             virtual_pipeline=p.virtual_pipeline,
-            sequence_parallel=p.sequence_parallel,
+            sequence_parallel=sp,
             distributed_optimizer=p.distributed_optimizer,
             overlap_grad_reduce=p.overlap_grad_reduce,
             overlap_param_gather=p.overlap_param_gather,
-            tp_comm_overlap=p.tp_comm_overlap and s.tensor > 1 and p.sequence_parallel,
+            tp_comm_overlap=p.tp_comm_overlap and s.tensor > 1 and sp,
             bucket_params=p.ddp_bucket_size,
             precision=t.precision,
             fused_kernels=trains_on_gpu(cfg),

@@ -21,9 +21,10 @@ from pipeline.model.huggingface import files as hf_files
 from pipeline.model.huggingface import tokenizer as hf_tokenizer
 from pipeline.model.parameters import parameter_count
 from pipeline.model.sizes import padded_vocab
-from pipeline.planning import hardware
+from pipeline.planning import hardware, run_gpu
 from pipeline.planning.memory import memory_per_gpu
 from pipeline.planning.parallel_layout import ParallelLayout
+from pipeline.planning.run_gpu import RunGpu
 from pipeline.planning.search import search_layouts
 from pipeline.planning.throughput import expected_step
 from pipeline.planning.units import gib
@@ -102,12 +103,6 @@ def check_init_from(cfg: PipelineConfig, vocab_size: int) -> None:
         )
 
 
-def gpu_memory_gb(cfg: PipelineConfig) -> float | None:
-    """The training GPUs' memory: cluster.gpu_memory_gb, else that of a known cluster.gpu."""
-    c = cfg.cluster
-    return float(c.gpu_memory_gb) if c.gpu_memory_gb else gpus.memory_gb(c.gpu)
-
-
 def checkpoint_bytes(cfg: PipelineConfig, vocab_size: int) -> int:
     """What one save writes over all ranks: weights and optimizer state (fp32 main weights and
     two Adam moments in mixed precision), whatever the layout."""
@@ -141,15 +136,16 @@ def _check_device(cfg: PipelineConfig) -> None:
         )
 
 
-def _check_fp8(cfg: PipelineConfig) -> None:
-    if cfg.train.precision != "fp8":
+def check_fp8(cfg: PipelineConfig, gpu: RunGpu | None) -> None:
+    """fp8 on the run's GPU (named or found here) needs its fp8 tensor cores."""
+    if cfg.train.precision != "fp8" or gpu is None or gpu.assumed:
         return
-    capability = gpus.capability(cfg.cluster.gpu)
+    capability = gpus.capability(gpu.name)
     if capability is not None and capability < gpus.FP8_CAPABILITY:
         cc = ".".join(map(str, capability))
         raise ConfigError(
             f"train.precision: fp8 needs compute capability 8.9 or newer (Ada, Hopper, "
-            f"Blackwell); cluster.gpu={cfg.cluster.gpu} is {cc}: use bf16"
+            f"Blackwell); {gpu.name} ({gpu.source}) is {cc}: use bf16"
         )
 
 
@@ -190,35 +186,36 @@ def _check_host_memory(cfg: PipelineConfig, vocab_size: int) -> None:
         )
 
 
-def _check_fits(cfg: PipelineConfig, vocab_size: int) -> None:
-    memory_gb = gpu_memory_gb(cfg)
-    if memory_gb is None or not trains_on_gpu(cfg):
+def _check_fits(cfg: PipelineConfig, vocab_size: int, gpu: RunGpu | None) -> None:
+    if gpu is None or gpu.assumed or gpu.capacity is None or not trains_on_gpu(cfg):
         return
     need = memory_per_gpu(cfg.model, vocab_size, ParallelLayout.of(cfg))["total"]
-    capacity = gpus.capacity_bytes(memory_gb)
+    capacity = gpu.capacity
     if need <= capacity:
         return
     ranks = world_size(cfg.cluster)
-    found = search_layouts(
-        cfg, vocab_size, ranks, memory_gb, cfg.cluster.gpus_per_node, hardware.of(cfg)
-    )
+    hw = hardware.of(cfg, gpu.name)
+    per_node = cfg.cluster.gpus_per_node
+    found = search_layouts(cfg, vocab_size, ranks, 0, per_node, hw, capacity=capacity)
     if found.feasible:
         lo = found.feasible[0].layout
+        turned_on = lo.sequence_parallel and not cfg.parallel.sequence_parallel
         hint = (
             f"the best layout that fits: parallel.tensor={lo.tensor} "
             f"parallel.pipeline={lo.pipeline} train.micro_batch_size={lo.micro_batch} "
             f"train.recompute={lo.recompute}"
-            + (" parallel.sequence_parallel=true" if lo.sequence_parallel else "")
+            + (" parallel.sequence_parallel=true" if turned_on else "")
         )
     else:
         hint = f"no layout of {ranks} GPUs fits: use more GPUs"
     raise ConfigError(
         f"train.micro_batch_size: {ParallelLayout.of(cfg).describe()} needs ~{gib(need)} per GPU, "
-        f"more than the {memory_gb:g} GB of each GPU; {hint} (python -m pipeline.plan --search)"
+        f"more than the {gib(capacity)} of each {gpu.name} ({gpu.source}); {hint} "
+        "(python -m pipeline.plan --search)"
     )
 
 
-def _check_time_limit(cfg: PipelineConfig, vocab_size: int) -> None:
+def _check_time_limit(cfg: PipelineConfig, vocab_size: int, gpu: RunGpu | None) -> None:
     """The warning signal must leave time to finish the step and save; the limit must leave
     time to train before the signal."""
     if cfg.cluster.executor != "slurm":
@@ -229,8 +226,8 @@ def _check_time_limit(cfg: PipelineConfig, vocab_size: int) -> None:
     writes = 3 if t.async_save else 2
     save_s = writes * checkpoint_bytes(cfg, vocab_size) / (c.checkpoint_write_gbps * 1e9)
     step_s = 0.0
-    if trains_on_gpu(cfg):
-        layout, hw = ParallelLayout.of(cfg), hardware.of(cfg)
+    if trains_on_gpu(cfg) and gpu is not None:
+        layout, hw = ParallelLayout.of(cfg), hardware.of(cfg, gpu.name)
         step_s = expected_step(cfg.model, vocab_size, layout, hw)["step_s"]
     need = save_s + step_s + SAVE_MARGIN_S
     if t.exit_signal_lead_s < need:
@@ -253,12 +250,13 @@ def check_training(cfg: PipelineConfig, vocab_size: int) -> None:
     submitted: GPU settings without GPUs, fp8 without fp8 tensor cores, a layout that does not
     fit the GPUs' memory, a time limit or signal lead too short to save a checkpoint, a CPU
     resume under another layout. Raises ConfigError."""
+    gpu = run_gpu.of(cfg)
     _check_device(cfg)
     _check_processes(cfg)
-    _check_fp8(cfg)
-    _check_fits(cfg, vocab_size)
+    check_fp8(cfg, gpu)
+    _check_fits(cfg, vocab_size, gpu)
     _check_host_memory(cfg, vocab_size)
-    _check_time_limit(cfg, vocab_size)
+    _check_time_limit(cfg, vocab_size, gpu)
     _check_resume_layout(cfg, vocab_size)
     if cfg.model.init_from:
         check_init_from(cfg, vocab_size)

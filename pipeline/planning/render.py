@@ -13,29 +13,29 @@ from pipeline.data import datasets, mixture
 from pipeline.model.flops import flops_per_sequence
 from pipeline.model.parameters import parameter_count, stage_params
 from pipeline.model.sizes import ffn_hidden_size
-from pipeline.planning import hardware
+from pipeline.planning import hardware, run_gpu
 from pipeline.planning.memory import (
     memory_per_gpu,
     micro_batches_in_flight,
     stage_activations,
 )
 from pipeline.planning.parallel_layout import ParallelLayout
+from pipeline.planning.run_gpu import RunGpu
 from pipeline.planning.search import search_layouts
 from pipeline.planning.throughput import expected_step, steps_for, tokens_per_step
 from pipeline.planning.units import GIB, count, duration, gib
 from pipeline.planning.units import flops as flops_text
-from pipeline.runtime.gpus import GPU_BY_MEMORY, capacity_bytes
 
 
 @dataclass
 class PlanOptions:
-    """Settings of `python -m pipeline.plan` beside the config: search the layouts, for which
-    GPUs, over which token budget, at an MFU of the user's instead of the estimate's, as JSON."""
+    """Settings of `python -m pipeline.plan` beside the config: search the layouts, over how
+    many GPUs, over which token budget, at an MFU of the user's instead of the estimate's, as
+    JSON. The GPU is the run's (pipeline.planning.run_gpu): --gpu and --gpu-memory set
+    cluster.gpu and cluster.gpu_memory_gb."""
 
     search: bool = False
-    gpu_memory_gb: float | None = None
     gpus: int | None = None
-    gpu: str | None = None
     tokens: float | None = None
     mfu: float | None = None
     json: bool = False
@@ -43,7 +43,7 @@ class PlanOptions:
 
 def summary_lines(cfg: PipelineConfig, vocab_size: int) -> list[str]:
     """A few lines for the launcher to print before it submits: parameters, FLOPs, per-GPU
-    memory of the configured layout, tokens per step."""
+    memory of the configured layout, tokens per step, the expected speed on the run's GPU."""
     layout = ParallelLayout.of(cfg)
     counts = parameter_count(cfg.model, vocab_size, layout.tensor)
     memory = memory_per_gpu(cfg.model, vocab_size, layout)
@@ -63,7 +63,7 @@ def summary_lines(cfg: PipelineConfig, vocab_size: int) -> list[str]:
         *_overlap_lines(cfg, layout),
         f"[plan] {tokens_per_step(cfg):,} tokens/step x {steps} steps = "
         f"{count(tokens_per_step(cfg) * steps)} tokens",
-        *_speed_lines(cfg, vocab_size, layout),
+        *_speed_lines(cfg, vocab_size, layout, run_gpu.of(cfg)),
         *mixture.plan_lines(cfg),
     ]
 
@@ -86,14 +86,17 @@ def _overlap_lines(cfg: PipelineConfig, layout: ParallelLayout) -> list[str]:
     return [f"[plan] communication: {settings}; gradient buckets of {bucket}"]
 
 
-def _speed_lines(cfg: PipelineConfig, vocab_size: int, layout: ParallelLayout) -> list[str]:
-    """The layout's expected speed on the config's GPUs (named, or H100's preset)."""
-    if not layout.fused_kernels:
+def _speed_lines(
+    cfg: PipelineConfig, vocab_size: int, layout: ParallelLayout, gpu: RunGpu | None
+) -> list[str]:
+    """The layout's expected speed on the run's GPU."""
+    if not layout.fused_kernels or gpu is None:
         return []
-    hw = hardware.of(cfg)
+    hw = hardware.of(cfg, gpu.name)
     est = expected_step(cfg.model, vocab_size, layout, hw)
+    assumed = f" ({gpu.source})" if gpu.assumed else ""
     return [
-        f"[plan] expected on {hw.name}: {est['tokens_per_s_per_gpu']:,.0f} tokens/s per GPU, "
+        f"[plan] expected on {hw.name}{assumed}: {est['tokens_per_s_per_gpu']:,.0f} tokens/s per GPU, "
         f"MFU {est['mfu']:.2f}, {est['step_s']:.2f} s/step ({breakdown_text(est)})"
     ]
 
@@ -129,7 +132,7 @@ def _parameter_lines(
 
 
 def _memory_lines(
-    cfg: PipelineConfig, vocab_size: int, layout: ParallelLayout, capacity: int | None
+    cfg: PipelineConfig, vocab_size: int, layout: ParallelLayout, gpu: RunGpu | None
 ) -> list[str]:
     memory = memory_per_gpu(cfg.model, vocab_size, layout)
     other = memory_per_gpu(
@@ -168,9 +171,9 @@ def _memory_lines(
     lines = [f"Memory per {where} (pipeline stage {memory['stage']}, the largest):"]
     lines += [f"  {name:<12} {gib(value):>10}  {note}" for name, value, note in rows]
     against = ""
-    if capacity is not None:
-        fits = "fits" if memory["total"] <= capacity else "DOES NOT FIT"
-        against = f"of {gib(capacity)}: {fits} "
+    if gpu is not None and gpu.capacity is not None:
+        fits = "fits" if memory["total"] <= gpu.capacity else "DOES NOT FIT"
+        against = f"of {gib(gpu.capacity)} of {_gpu_text(gpu)}: {fits} "
     lines.append(
         f"  {'total':<12} {gib(memory['total']):>10}  {against}(with distributed optimizer "
         f"{gib(with_opt['total'])}, without {gib(without['total'])})"
@@ -207,12 +210,16 @@ def token_budget(cfg: PipelineConfig, options: PlanOptions) -> tuple[float, str]
     return tokens_per_step(cfg) * cfg.train.steps, f"train.steps={cfg.train.steps}"
 
 
+def _gpu_text(gpu: RunGpu) -> str:
+    return f"{gpu.name} ({gpu.source})"
+
+
 def _time_lines(
     cfg: PipelineConfig,
     vocab_size: int,
     layout: ParallelLayout,
     options: PlanOptions,
-    gpu: str | None,
+    gpu: RunGpu | None,
 ) -> list[str]:
     per_step = tokens_per_step(cfg)
     budget, source = token_budget(cfg, options)
@@ -224,15 +231,17 @@ def _time_lines(
     if gpu is None:
         lines.append("Wall time: no GPU in this config; name one with --gpu H100 for an estimate")
         return lines
-    hw = hardware.of(cfg, gpu)
+    hw = hardware.of(cfg, gpu.name)
     est = expected_step(cfg.model, vocab_size, layout, hw)
     step_s, how = est["step_s"], f"estimated for this layout, MFU {est['mfu']:.2f}"
     if options.mfu:  # the user's MFU instead of the estimate's
         step_s *= est["mfu"] / options.mfu
         how = f"at the given MFU {options.mfu:.2f}"
     peak = hw.peak_tflops(layout.precision)
+    assumed = f" ({gpu.source})" if gpu.assumed else ""
     lines += [
-        f"Wall time: {duration(step_s * steps)} on {layout.gpus} x {hw.name} ({peak:g} TFLOP/s) "
+        f"Wall time: {duration(step_s * steps)} on {layout.gpus} x {hw.name}{assumed} "
+        f"({peak:g} TFLOP/s) "
         f"({how}); {step_s:.2f} s/step, {est['tokens_per_s_per_gpu'] * est['step_s'] / step_s:,.0f}"
         " tokens/s per GPU",
         "  step: " + breakdown_text(est),
@@ -252,20 +261,14 @@ def breakdown_text(est: dict[str, float]) -> str:
 
 
 def _search_lines(
-    cfg: PipelineConfig,
-    vocab_size: int,
-    gpus: int,
-    memory_gb: float,
-    per_node: int,
-    options: PlanOptions,
+    cfg: PipelineConfig, vocab_size: int, gpus: int, per_node: int, gpu: RunGpu
 ) -> list[str]:
-    gpu = options.gpu or GPU_BY_MEMORY.get(int(memory_gb), "H100")
-    hw = hardware.of(cfg, gpu)
-    found = search_layouts(cfg, vocab_size, gpus, memory_gb, per_node, hw)
-    capacity = capacity_bytes(memory_gb)
+    hw = hardware.of(cfg, gpu.name)
+    capacity = gpu.capacity or 0
+    found = search_layouts(cfg, vocab_size, gpus, 0, per_node, hw, capacity=capacity)
     lines = [
         "",
-        f"Layout search: {cfg.model.name} on {gpus} x {memory_gb:g} GB ({gib(capacity)}), "
+        f"Layout search: {cfg.model.name} on {gpus} x {_gpu_text(gpu)} ({gib(capacity)}), "
         f"{per_node} per node, sequence {cfg.model.seq_length}, global batch "
         f"{cfg.train.global_batch_size}; ranked by expected tokens/s on {hw.name} "
         f"(NVLink domain {hw.nvlink_domain})",
@@ -295,18 +298,11 @@ def _search_lines(
 
 
 def plan_lines(cfg: PipelineConfig, options: PlanOptions) -> list[str]:
-    """The whole plan for a validated config, as lines to print."""
+    """The whole plan for a validated config, as lines to print; every figure for the run's
+    GPU (a CPU run's only when one is named)."""
     vocab_size, source = datasets.vocab_size(cfg)
     layout = ParallelLayout.of(cfg)
-    # a CPU run is compared with a GPU only when one is named
-    named = options.gpu is not None or options.gpu_memory_gb is not None
-    memory_gb = options.gpu_memory_gb
-    if memory_gb is None:
-        memory_gb = {"H200": 141.0}.get(options.gpu or "", 80.0)
-    gpu = options.gpu or GPU_BY_MEMORY.get(int(memory_gb))
-    if not (layout.fused_kernels or named):
-        gpu = None
-    capacity = capacity_bytes(memory_gb) if layout.fused_kernels or named else None
+    gpu = run_gpu.of(cfg)
     flops = flops_per_sequence(cfg.model, vocab_size, layout.tensor)
     lines = _parameter_lines(cfg, vocab_size, source, layout)
     lines.append(
@@ -317,14 +313,15 @@ def plan_lines(cfg: PipelineConfig, options: PlanOptions) -> list[str]:
     lines.append(f"Layout: {gpus}, {layout.describe()}")
     if cfg.train.auto_choice:
         lines.append(f"  chosen: {cfg.train.auto_choice}")
-    lines += _memory_lines(cfg, vocab_size, layout, capacity)
+    lines += _memory_lines(cfg, vocab_size, layout, gpu)
     lines += _activation_table(cfg, layout)
     lines += _time_lines(cfg, vocab_size, layout, options, gpu)
     lines += [line.removeprefix("[plan] ") for line in mixture.plan_lines(cfg)]
     if options.search:
         gpus = options.gpus or world_size(cfg.cluster)
         per_node = max(1, min(cfg.cluster.gpus_per_node or 8, gpus))
-        lines += _search_lines(cfg, vocab_size, gpus, memory_gb, per_node, options)
+        searched = gpu if gpu is not None and gpu.capacity else run_gpu.ASSUMED
+        lines += _search_lines(cfg, vocab_size, gpus, per_node, searched)
     return lines
 
 
@@ -332,14 +329,15 @@ def plan_json(cfg: PipelineConfig, options: PlanOptions) -> dict:
     """The configured (or chosen) layout and its estimate, for other tools to read."""
     vocab_size, _ = datasets.vocab_size(cfg)
     layout = ParallelLayout.of(cfg)
-    memory_gb = options.gpu_memory_gb or 80.0
-    gpu = options.gpu or cfg.cluster.gpu or GPU_BY_MEMORY.get(int(memory_gb), "H100")
-    hw = hardware.of(cfg, gpu)
+    gpu = run_gpu.of(cfg) or run_gpu.ASSUMED
+    hw = hardware.of(cfg, gpu.name)
     est = expected_step(cfg.model, vocab_size, layout, hw)
     steps = steps_for(token_budget(cfg, options)[0], cfg)
     return {
         "model": cfg.model.name,
         "gpu": hw.name,
+        "gpu_source": gpu.source,
+        "gpu_memory_gib": gpu.capacity / GIB if gpu.capacity else None,
         "gpus": layout.gpus,
         "tokens_per_s_per_gpu": est["tokens_per_s_per_gpu"],
         "tflops_per_gpu": est["tflops_per_gpu"],

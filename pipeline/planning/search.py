@@ -83,13 +83,15 @@ def search_layouts(
     gpu_memory_gb: float,
     gpus_per_node: int = 8,
     hw: Hardware | None = None,
+    capacity: int | None = None,
 ) -> Search:
     """Every (TP, PP, virtual stages, DP, micro-batch, accumulation, recompute) for `gpus` GPUs
     of `gpu_memory_gb` at the config's sequence length and global batch: those that fit,
     fastest first by `expected_step` on `hw` (the preset of the GPU of that memory, with
     `gpus_per_node` to an NVLink domain, when None), and a reason for each that does not.
+    `capacity`: the bytes a GPU holds when known exactly (a GPU found on this machine).
     Sequence parallelism is on whenever TP > 1 (less memory, the same traffic)."""
-    capacity = capacity_bytes(gpu_memory_gb)
+    capacity = capacity or capacity_bytes(gpu_memory_gb)
     if hw is None:
         hw = hardware.preset(GPU_BY_MEMORY.get(int(gpu_memory_gb), "H100"))
         if hw.nvlink_domain <= hardware.NODE:

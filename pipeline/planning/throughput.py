@@ -1,6 +1,6 @@
 """Expected step time of a parallel layout on a machine (pipeline.planning.hardware), from the
 work each GPU does and the bytes it moves, with a handful of constants (CONSTANTS) fitted to
-published runs (pipeline.planning.validation; `python -m pipeline.plan --validate`).
+published runs (pipeline.planning.calibration; `python -m pipeline.plan --validate`).
 
 One micro-batch on the busiest GPU (the last pipeline stage: its layers and the output layer):
   GEMMs      the shapes each tensor-parallel shard multiplies, at a fraction of the dense peak
@@ -37,7 +37,7 @@ from pipeline.planning.parallel_layout import ParallelLayout
 
 @dataclass(frozen=True)
 class Constants:
-    """The fitted constants (see pipeline.planning.validation for the fit)."""
+    """The fitted constants (see pipeline.planning.calibration for the fit)."""
 
     gemm_fraction: float = 0.74  # of the bf16 peak a large GEMM reaches (cuBLAS: 0.7-0.85)
     fp8_gemm_fraction: float = 0.56  # of the fp8 peak, with Transformer Engine's casts

@@ -53,7 +53,7 @@ def _data_section(manifest: dict, weights: dict[str, float]) -> list[tuple]:
         _kv(
             [
                 ("documents", total.get("documents")),
-                ("tokens", total.get("tokens")),
+                ("tokens of all splits", sum(splits.values()) if splits else None),
                 (
                     "train / validation / test tokens",
                     " / ".join(str(splits.get(k)) for k in ("train", "validation", "test")),
@@ -94,7 +94,7 @@ def _data_section(manifest: dict, weights: dict[str, float]) -> list[tuple]:
 
 
 def _training_section(paths: RunPaths, summary: dict, metrics: Metrics) -> list[tuple]:
-    shown = [k for k in SUMMARY_FROM_TRAIN if k not in ("tokens", "vocab_size")]
+    shown = ["train_split_tokens", *(k for k in SUMMARY_FROM_TRAIN if k != "vocab_size")]
     blocks = [("h2", "Training"), _kv([(k, _short(summary.get(k))) for k in shown])]
     plot = plot_losses(paths, metrics)
     if plot:

@@ -10,7 +10,6 @@ from pipeline.core import files
 from pipeline.core.paths import RunPaths
 
 SUMMARY_FROM_TRAIN = (
-    "tokens",
     "vocab_size",
     "train_steps",
     "trained_tokens",
@@ -86,12 +85,19 @@ def write_summary(paths: RunPaths, evaluation: dict | None = None) -> dict:
     before its marker is written."""
     summary: dict = {"workdir": str(paths.root)}
     manifest = files.read_json_or_none(paths.manifest)
+    train = files.read_json_or_none(paths.train_done) or {}
     if manifest:
-        summary["tokens"] = manifest["total"]["split_tokens"]["train"]
+        splits = manifest["total"]["split_tokens"]
+        summary["train_split_tokens"] = splits["train"]
+        summary["all_splits_tokens"] = sum(splits.values())
         summary["vocab_size"] = manifest["vocab_size"]
         summary["rejected_records"] = sum(manifest["total"]["rejected"].values())
         summary["duplicate_documents"] = manifest["total"].get("duplicates", {}).get("documents", 0)
-    train = files.read_json_or_none(paths.train_done) or {}
+    if "tokens" in train:  # the training split it read (data.prepared: another run's)
+        summary["train_split_tokens"] = train["tokens"]
+    # `tokens`, the name before 0.7, kept for readers of earlier summaries
+    if "train_split_tokens" in summary:
+        summary["tokens"] = summary["train_split_tokens"]
     summary.update({k: train[k] for k in SUMMARY_FROM_TRAIN if k in train})
     summary["resumes"] = len(read_metrics(paths).resumes)
     failures = read_failures(paths)

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import functools
+import re
+
 # By the name users give in cluster.gpu: memory (GB, as sold) and compute capability.
 # fp8 tensor cores need compute capability 8.9 (Ada) or newer (Hopper 9.0, Blackwell 10.0).
 GPUS = {
@@ -39,13 +42,24 @@ def peak_tflops(device_name: str, precision: str) -> float | None:
     return None
 
 
+def model_name(name: str | None) -> str | None:
+    """The GPUS key of a cluster.gpu value or of a device name as nvidia-smi or torch give it
+    ("NVIDIA H100 80GB HBM3" -> H100); None when the GPU is not one of them. A device name
+    matches by whole words, so that H2000 is not taken for an H200."""
+    text = str(name or "").upper()
+    if text in GPUS:
+        return text
+    words = re.split(r"[\s_-]+", text)
+    return next((key for key in GPUS if key in words), None)
+
+
 def memory_gb(name: str | None) -> float | None:
-    known = GPUS.get(str(name or "").upper())
+    known = GPUS.get(model_name(name) or "")
     return float(known[0]) if known else None
 
 
 def capability(name: str | None) -> tuple[int, int] | None:
-    known = GPUS.get(str(name or "").upper())
+    known = GPUS.get(model_name(name) or "")
     return known[1] if known else None
 
 
@@ -55,9 +69,11 @@ def capacity_bytes(gpu_memory_gb: float) -> int:
     return mib * 2**20 if mib else int(gpu_memory_gb * GIB)
 
 
+@functools.cache
 def local_gpu() -> tuple[str, float] | None:
     """This machine's first GPU as (name, memory in GiB) from nvidia-smi, without importing
-    torch (seconds); None where there is none or nvidia-smi does not answer."""
+    torch (seconds, so asked once a process); None where there is none or nvidia-smi does not
+    answer."""
     import subprocess
 
     try:

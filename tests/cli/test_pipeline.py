@@ -29,7 +29,8 @@ def test_whole_pipeline_then_rerun_and_single_stages(tmp_path):
     assert first.stdout.endswith(f"Report:     {workdir / 'report.html'} (report.md beside it)\n")
     summary = json.loads((workdir / "summary.json").read_text())
     for key in (
-        "tokens",
+        "train_split_tokens",
+        "all_splits_tokens",
         "vocab_size",
         "train_steps",
         "first_train_loss",

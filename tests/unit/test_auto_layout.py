@@ -75,6 +75,38 @@ def test_what_runs_reads_the_settled_values_typed_and_auto_only_before(tmp_path)
         settled(make_config(tmp_path, *H200, "model=gpt-350m", validate=False))
 
 
+LLAMA_70B = (
+    "model=llama-8b",
+    "model.num_layers=80",
+    "model.hidden_size=8192",
+    "model.num_attention_heads=64",
+    "model.ffn_hidden_size=28672",
+    "cluster.nodes=8",
+    "train.global_batch_size=512",
+)
+
+
+def test_sequence_parallelism_is_on_with_tensor_parallelism_unless_turned_off(tmp_path):
+    """The planner's layout typed in is planned as the planner planned it: a 70B model on 64
+    H100s with TP=4 PP=8 keeps sequence parallelism, so it needs no full recompute."""
+    typed = make_config(
+        tmp_path, *H100_NODE, *LLAMA_70B, "parallel.tensor=4", "parallel.pipeline=8"
+    )
+    assert typed.parallel.sequence_parallel is True and typed.train.recompute != "full"
+    assert ParallelLayout.of(typed).sequence_parallel
+    off = make_config(
+        tmp_path,
+        *H100_NODE,
+        *LLAMA_70B,
+        "parallel.pipeline=8",
+        "parallel.sequence_parallel=false",
+    )
+    assert off.parallel.tensor > 1 and off.parallel.sequence_parallel is False  # the user's word
+    one = make_config(tmp_path, *H100_NODE, "model=gpt-350m", "parallel.tensor=1")
+    cpu = make_config(tmp_path, "train=cpu", "parallel.tensor=2", "cluster.tasks_per_node=2")
+    assert one.parallel.sequence_parallel is False and cpu.parallel.sequence_parallel is False
+
+
 def test_a_resume_keeps_the_layout_its_checkpoint_was_saved_with(tmp_path):
     saved = tmp_path / "checkpoints" / "iter_0000100"
     saved.mkdir(parents=True)
@@ -120,7 +152,7 @@ def test_explicit_values_win(tmp_path):
     full = make_config(tmp_path, *H200, "model=gpt-2.7b", "train.recompute=full")
     assert full.train.recompute == "full" and full.train.micro_batch_size > 8
     tensor = make_config(tmp_path, *H100_NODE, "model=gpt-1.3b", "parallel.tensor=4")
-    assert tensor.parallel.tensor == 4 and tensor.parallel.sequence_parallel is False
+    assert tensor.parallel.tensor == 4 and tensor.parallel.sequence_parallel is True
     neither = make_config(
         tmp_path,
         *H200,

@@ -128,3 +128,35 @@ def test_a_row_filter_on_a_source_read_as_text_by_the_data_format_is_refused(tmp
     mixture = dataclasses.replace(cfg.data, sources={"web": source})
     with pytest.raises(ConfigError, match=r"^data.sources.web.where: filters Parquet or Arrow"):
         check(dataclasses.replace(cfg, data=mixture))
+
+
+GPU_NODE = ("train=gpu", "cluster=slurm", "cluster.gpus_per_node=8", "cluster.gpu=H100")
+
+
+@pytest.mark.parametrize(
+    "overrides,message",
+    [
+        (["parallel.tensor=3"], "parallel.tensor: 3 does not divide the job's 8 ranks"),
+        (["parallel.pipeline=3"], "parallel.pipeline: 3 does not divide the job's 8 ranks"),
+        (["parallel.tensor=16", "parallel.pipeline=1"], "parallel.tensor: 16 does not divide"),
+        (
+            ["cluster.nodes=3", "model=gpt-1.3b", "parallel.tensor=3"],
+            "parallel.tensor: 3 does not divide the attention heads (16)",
+        ),
+        (
+            ["cluster.nodes=5", "model=gpt-1.3b", "parallel.pipeline=5"],
+            "parallel.pipeline: model.num_layers=24 is not divisible by pipeline",
+        ),
+        (["cluster.tasks_per_node=100"], "cluster.tasks_per_node: 100 != cluster.gpus_per_node=8"),
+        (
+            ["cluster.tasks_per_node=100", "parallel.tensor=1", "parallel.pipeline=1"],
+            "cluster.tasks_per_node: 100",
+        ),
+    ],
+)
+def test_a_wrong_layout_or_cluster_key_is_blamed_not_the_batch(overrides, message, tmp_path):
+    """Checked before the batch arithmetic, whichever of the other values are left to the
+    planner."""
+    with pytest.raises(ConfigError) as error:
+        make_config(tmp_path, *GPU_NODE, "train.global_batch_size=120", *overrides)
+    assert str(error.value).startswith(message), error.value

@@ -9,15 +9,16 @@ from dataclasses import replace
 
 import pytest
 
-from pipeline.config import ConfigError
+from pipeline.config import ClusterConfig, ConfigError
 from pipeline.data import datasets
 from pipeline.model import flops
 from pipeline.model.parameters import layer_params, parameter_count, stage_params
-from pipeline.plan import pop_options
-from pipeline.planning import memory, preflight, render, search, throughput
+from pipeline.plan import pop_options, show
+from pipeline.planning import memory, preflight, render, run_gpu, search, throughput
 from pipeline.planning.hardware import preset
 from pipeline.planning.parallel_layout import ParallelLayout
 from pipeline.planning.render import PlanOptions, plan_lines
+from pipeline.runtime import gpus
 from pipeline.runtime.gpus import capacity_bytes
 from tests.conftest import GPU_GIVEN, make_config
 
@@ -215,6 +216,7 @@ def test_wall_time_for_a_token_budget(tmp_path):
         "model=gpt-1.3b",
         *GPU_GIVEN,
         "cluster.gpus_per_node=8",
+        "cluster.gpu=H100",
         "train.micro_batch_size=4",
         "train.global_batch_size=64",
     )
@@ -223,7 +225,7 @@ def test_wall_time_for_a_token_budget(tmp_path):
     # the wall time is the layout's own estimate of a step, not an assumed MFU
     vocab = datasets.vocab_size(cfg)[0]
     step = throughput.expected_step(cfg.model, vocab, ParallelLayout.of(cfg), preset("H100"))
-    lines = plan_lines(cfg, PlanOptions(tokens=1e9, gpu="H100"))
+    lines = plan_lines(cfg, PlanOptions(tokens=1e9))
     wall = next(line for line in lines if line.startswith("Wall time:"))
     assert f"{step['step_s']:.2f} s/step" in wall
     assert f"MFU {step['mfu']:.2f}" in wall and "assumed" not in wall
@@ -279,13 +281,11 @@ def test_plan_options_are_taken_off_the_command_line():
     options, rest = pop_options(
         ["model=gpt-1.3b", "--search", "--gpu-memory", "141", "--tokens=2B", "plan.mfu=0.4"]
     )
-    assert rest == ["model=gpt-1.3b"]
-    assert (options.search, options.gpu_memory_gb, options.tokens, options.mfu) == (
-        True,
-        141.0,
-        2e9,
-        0.4,
-    )
+    # the GPU flags set the run's GPU keys, so that every line is for that GPU
+    assert rest == ["model=gpt-1.3b", "cluster.gpu_memory_gb=141"]
+    assert (options.search, options.tokens, options.mfu) == (True, 2e9, 0.4)
+    _, given = pop_options(["--gpu", "H200", "cluster.gpu=B200"])
+    assert given == ["cluster.gpu=B200"]  # the override wins
 
 
 def test_summary_lines_for_the_launcher(tmp_path):
@@ -294,8 +294,9 @@ def test_summary_lines_for_the_launcher(tmp_path):
     assert "1.36 B parameters" in lines[0] and "output layer 65.5 M" in lines[0]
     assert lines[1].startswith("[plan] memory per GPU ~")
     assert "524,288 tokens/step x 20000 steps" in lines[2]
-    # the layout's own estimate on the cluster's GPU (H100's preset when none is named)
-    assert lines[3].startswith("[plan] expected on H100: ") and "s/step (compute" in lines[3]
+    # the layout's own estimate on the run's GPU: H100 assumed, and said so, when none is named
+    assert lines[3].startswith("[plan] expected on H100 (assumed: no cluster.gpu): ")
+    assert "s/step (compute" in lines[3]
 
 
 # --- checks before submission: what would fail after hours in the queue ---------------------
@@ -353,7 +354,6 @@ def test_preflight_accepts_a_layout_that_fits_and_time_to_save(tmp_path):
         tmp_path, *GPU_SLURM, "model=gpt-1.3b", "train.micro_batch_size=4", "train.precision=fp8"
     )
     preflight.check_training(cfg, 32000)
-    assert preflight.gpu_memory_gb(cfg) == 80
 
 
 def test_the_time_estimate_of_an_fp32_run_uses_the_fp32_peak():
@@ -362,3 +362,93 @@ def test_the_time_estimate_of_an_fp32_run_uses_the_fp32_peak():
     assert peak_tflops("NVIDIA H100 80GB HBM3", "bf16") == 989.0
     assert peak_tflops("NVIDIA H100 80GB HBM3", "fp8") == 2 * 989.0
     assert peak_tflops("NVIDIA H100 80GB HBM3", "fp32") == 67.0
+
+
+# --- one GPU for every figure: named, found on this machine, or assumed and said so ---------
+
+
+@pytest.mark.parametrize("gpu", ["H200", "L4", "B200", "A100"])
+def test_every_line_of_the_plan_is_for_the_runs_gpu(gpu, tmp_path):
+    cfg = make_config(
+        tmp_path, "model=gpt-1.3b", *GPU_GIVEN, "cluster.gpus_per_node=8", f"cluster.gpu={gpu}"
+    )
+    lines = plan_lines(cfg, PlanOptions(search=True))
+    capacity = f"{capacity_bytes(gpus.memory_gb(gpu)) / 2**30:.1f} GiB"
+    total = next(line for line in lines if line.strip().startswith("total"))
+    assert f"of {capacity} of {gpu} (cluster.gpu={gpu})" in total
+    wall = next(line for line in lines if line.startswith("Wall time:"))
+    assert f" x {gpu} (" in wall
+    search_head = next(line for line in lines if line.startswith("Layout search:"))
+    assert f"x {gpu} (cluster.gpu={gpu}) ({capacity})" in search_head
+    assert f"expected tokens/s on {gpu} " in search_head
+    others = [name for name in gpus.GPUS if name not in gpu and gpu not in name]
+    assert not [line for line in lines if any(name in line.split() for name in others)]
+    assert render.plan_json(cfg, PlanOptions())["gpu"] == gpu
+
+
+def test_the_plan_refuses_fp8_where_the_launcher_does(tmp_path):
+    cfg = make_config(tmp_path, *GPU_GIVEN, "cluster.gpu=A100", "train.precision=fp8")
+    with pytest.raises(ConfigError, match=r"^train.precision: fp8 needs compute capability"):
+        show(PlanOptions(), cfg)
+
+
+@pytest.mark.parametrize(
+    "cluster,detected,expected",
+    [
+        ({}, ("NVIDIA H200", 139.8), ("H200", int(139.8 * 2**30), "this machine's NVIDIA H200")),
+        ({}, ("NVIDIA A100-SXM4-40GB", 39.5), ("A100", int(39.5 * 2**30), "this machine's")),
+        ({"gpu": "B200"}, ("NVIDIA H200", 139.8), ("B200", capacity_bytes(180), "cluster.gpu")),
+        ({"gpu_memory_gb": 141}, None, ("H200", capacity_bytes(141), "cluster.gpu_memory_gb")),
+        ({"gpu_memory_gb": 80}, ("NVIDIA H100 80GB HBM3", 79.6), ("H100", None, "")),
+        ({"gpu": "H2000", "gpu_memory_gb": 100}, None, ("H2000", capacity_bytes(100), "")),
+        ({}, None, None),
+    ],
+)
+def test_the_gpu_of_a_run_is_the_one_named_else_the_one_found_here(cluster, detected, expected):
+    chosen = run_gpu.choose(replace(ClusterConfig(), **cluster), detected)
+    if expected is None:
+        assert chosen is None
+        return
+    name, capacity, source = expected
+    assert chosen.name == name and source in chosen.source
+    assert capacity is None or chosen.capacity == capacity
+
+
+def test_a_gpu_found_on_this_machine_is_the_gpu_of_every_estimate(tmp_path, monkeypatch):
+    monkeypatch.setattr(gpus, "local_gpu", lambda: ("NVIDIA H200", 139.8))
+    cfg = make_config(tmp_path, "model=gpt-1.3b", *GPU_GIVEN, "cluster.gpus_per_node=1")
+    assert render.summary_lines(cfg, 32000)[3].startswith("[plan] expected on H200: ")
+    lines = plan_lines(cfg, PlanOptions())
+    assert "of 139.8 GiB of H200 (this machine's NVIDIA H200)" in "\n".join(lines)
+    assert " x H200 (" in next(line for line in lines if line.startswith("Wall time:"))
+    chosen = make_config(tmp_path, "train=gpu", "model=gpt-1.3b", "cluster.gpus_per_node=1")
+    assert "(this machine's NVIDIA H200)" in chosen.train.auto_choice
+
+
+def test_a_given_tokenizer_sets_the_vocabulary_and_tokenizer_vocab_size_is_not_carried(tmp_path):
+    """model.init_from's tokenizer (or tokenizer.model) is the vocabulary the plan counts; the
+    unused tokenizer.vocab_size is not in the run's config.yaml."""
+    import io
+
+    import sentencepiece as spm
+
+    from pipeline import config
+
+    llama = tmp_path / "llama"
+    llama.mkdir()
+    text = [f"line {i}: the quick brown fox jumps over {i * 7} lazy dogs" for i in range(300)]
+    model = io.BytesIO()
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(text), model_writer=model, vocab_size=100, minloglevel=2
+    )
+    (llama / "tokenizer.model").write_bytes(model.getvalue())
+    for given in (f"model.init_from={llama}", f"tokenizer.model={llama / 'tokenizer.model'}"):
+        cfg = make_config(tmp_path / "run", "model=tiny", given, "tokenizer.vocab_size=4096")
+        assert cfg.tokenizer.vocab_size is None
+        assert "4096" not in config.to_yaml(cfg)
+        assert datasets.vocab_size(cfg) == (100, str(llama / "tokenizer.model"))
+        lines = plan_lines(cfg, PlanOptions())
+        assert f"Vocabulary: 100 ({llama / 'tokenizer.model'}), padded to 128" in lines
+    trained = make_config(tmp_path / "other", "model=tiny", "tokenizer.vocab_size=4096")
+    assert trained.tokenizer.vocab_size == 4096
+    assert datasets.vocab_size(trained) == (4096, "tokenizer.vocab_size")

@@ -12,13 +12,13 @@ from dataclasses import replace
 import pytest
 
 from pipeline.core.errors import ConfigError
-from pipeline.planning import hardware, validation, validation_report
+from pipeline.planning import calibration, calibration_report, hardware
 from pipeline.planning.hardware import preset
 from pipeline.planning.throughput import expected_step
 from tests.conftest import ROOT, make_config
 
 H200_GPT = ("train=gpu", "cluster=slurm", "cluster.gpus_per_node=1", "cluster.gpu=H200")
-ROWS = validation.load()
+ROWS = calibration.load()
 
 
 def test_published_rows_keep_the_bounds():
@@ -27,13 +27,13 @@ def test_published_rows_keep_the_bounds():
     assert {r.hardware.name for r in complete} >= {"A100", "H100", "B200", "GB200", "H200"}
     assert min(r.layout.gpus for r in complete if r.hardware.name != "H200") == 8
     assert max(r.layout.gpus for r in complete) >= 2048
-    summary = validation.bounds(validation.errors(complete))
-    assert summary["within"] >= validation.SHARE_WITHIN, summary
-    assert summary["median"] < validation.MEDIAN_BOUND, summary
+    summary = calibration.bounds(calibration.errors(complete))
+    assert summary["within"] >= calibration.SHARE_WITHIN, summary
+    assert summary["median"] < calibration.MEDIAN_BOUND, summary
 
 
 def test_every_row_names_its_source_and_how_it_counts():
-    rows = json.loads(validation.PUBLISHED.read_text())["rows"]
+    rows = json.loads(calibration.PUBLISHED.read_text())["rows"]
     for row in rows:
         assert row["source"]["url"] and row["source"]["commit"], row["id"]
         assert row["flops_counting"], row["id"]
@@ -43,9 +43,9 @@ def test_every_row_names_its_source_and_how_it_counts():
 
 def test_the_bounds_can_fail():
     """A model that forgets the pipeline bubble, or halves the GEMM rate, misses them."""
-    slow = replace(validation.CONSTANTS, gemm_fraction=validation.CONSTANTS.gemm_fraction / 2)
+    slow = replace(calibration.CONSTANTS, gemm_fraction=calibration.CONSTANTS.gemm_fraction / 2)
     complete = [r for r in ROWS if r.complete]
-    assert not validation.holds(validation.bounds(validation.errors(complete, slow)))
+    assert not calibration.holds(calibration.bounds(calibration.errors(complete, slow)))
 
 
 @pytest.mark.parametrize("model", ["gpt-350m", "gpt-1.3b", "gpt-2.7b"])
@@ -97,15 +97,15 @@ def test_the_planner_choice_is_at_least_as_fast_or_says_why():
     for row_id in ("here-h200-gpt-1.3b", "nemo2407-h100-fp8-LLAMA3-8B"):
         row = next(r for r in ROWS if r.id == row_id)
         published = expected_step(row.model, row.vocab, row.layout, row.hardware)
-        text = validation_report._choice_text(row, row.layout, published["tokens_per_s_per_gpu"])
-        chosen = validation_report.planner_choice(row)
+        text = calibration_report._choice_text(row, row.layout, published["tokens_per_s_per_gpu"])
+        chosen = calibration_report.planner_choice(row)
         assert chosen is not None
         if chosen[1] < published["tokens_per_s_per_gpu"] * 0.995:
             assert "because" in text and "not explained" not in text, text
 
 
 def test_the_report_prints_constants_rows_and_bounds():
-    lines, ok = validation_report.report_lines(choices=False)
+    lines, ok = calibration_report.report_lines(choices=False)
     text = "\n".join(lines)
     assert ok
     assert "gemm_fraction" in text and "megatron21-a100-1T" in text

@@ -1,10 +1,10 @@
-"""`python -m pipeline.plan --validate`: every published row predicted at its layout, the
+"""`python -m pipeline.plan --validate` (the calibration report): every published row predicted at its layout, the
 error, the bounds, and the planner's own choice for the row's model, GPUs and global batch
 beside the published layout (or why it is slower: what the search leaves out, or memory)."""
 
 from __future__ import annotations
 
-from pipeline.planning import validation as v
+from pipeline.planning import calibration as v
 from pipeline.planning.parallel_layout import ParallelLayout
 from pipeline.planning.scaling import MICRO_BATCHES, best_layout
 from pipeline.planning.search import pipeline_problem

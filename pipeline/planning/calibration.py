@@ -1,4 +1,4 @@
-"""The throughput model against published runs (published.json beside this file): each row's
+"""Calibration: the throughput model against published runs (published.json beside this file): each row's
 predicted tokens/s/GPU at its published layout, the error, and the planner's own choice for the
 same model, GPU count, GPU and global batch. `python -m pipeline.plan --validate` prints it.
 
@@ -22,7 +22,7 @@ from pipeline.planning.throughput import CONSTANTS, Constants, expected_step
 from pipeline.runtime.gpus import capacity_bytes, memory_gb
 
 PUBLISHED = Path(__file__).with_name("published.json")
-WITHIN = 0.15  # the bounds a change must keep (tests/unit/test_throughput_validation.py)
+WITHIN = 0.15  # the bounds a change must keep (tests/unit/test_throughput_model.py)
 SHARE_WITHIN = 0.80
 MEDIAN_BOUND = 0.10
 
