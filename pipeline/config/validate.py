@@ -182,7 +182,7 @@ def _validate_sources(cfg: PipelineConfig) -> None:
     _require(
         not (d.inputs and d.sources), "data.inputs", "give data.inputs or data.sources, not both"
     )
-    owner: dict[str, str] = {}
+    owner: dict[tuple[int, int], str] = {}
     for name, source in d.sources.items():
         key = f"data.sources.{name}"
         _require(
@@ -199,7 +199,7 @@ def _validate_sources(cfg: PipelineConfig) -> None:
         found = []
         for pattern in source.inputs:
             for path in inputs.readable_files(str(pattern), f"{key}.inputs"):
-                other = owner.setdefault(path, name)
+                other = owner.setdefault(inputs.identity(path), name)  # a link is the file
                 _require(other == name, f"{key}.inputs", f"{path} is in data.sources.{other} too")
                 found.append(path)
         _refuse_empty(found, f"{key}.inputs")

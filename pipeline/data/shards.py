@@ -97,6 +97,8 @@ def plan(paths: RunPaths, data: DataConfig) -> list[list[Span]]:
     ):
         saved = None  # a plan no task has tokenized anything of yet is made again, not kept
     if saved is None:
+        if merged := sources.merged_names(paths, data):
+            _log.warning(f"warning: {merged}")
         for _, path in listed:
             if warning := formats.misnamed(path):
                 _log.warning(f"warning: {warning}")

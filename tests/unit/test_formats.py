@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 import time
 from pathlib import Path
 
@@ -190,6 +191,34 @@ def test_a_bad_filter_or_format_is_one_config_error_naming_the_key(tmp_path):
         make_config(tmp_path / "run", *base, "+data.sources.web.format=csv")
     with pytest.raises(ConfigError, match=r"^data.format: 'pdf'"):
         make_config(tmp_path / "run", f"data.inputs=[{tmp_path}/x.jsonl]", "data.format=pdf")
+
+
+def test_a_file_named_twice_is_one_input_read_once_with_one_warning(tmp_path, capsys):
+    folder = tmp_path / "in"
+    folder.mkdir()
+    first = [f"first {i}" for i in range(5)]
+    second = [f"second {i}" for i in range(3)]
+    (folder / "a.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in first))
+    (folder / "b.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in second))
+    os.symlink(folder / "a.jsonl", folder / "link.jsonl")
+    os.link(folder / "b.jsonl", folder / "hard.jsonl")
+    globs = f"data.inputs=[{folder}/*.jsonl,{folder}/../in/a.jsonl]"  # two globs reach a.jsonl
+    cfg = make_config(tmp_path / "run", globs, "data.num_shards=2")
+    listed = sources.files(RunPaths.of(cfg.workdir), cfg.data)
+    assert [Path(p).name for _, p in listed] == ["a.jsonl", "b.jsonl"]
+    plan = shards.plan(RunPaths.of(cfg.workdir), cfg.data)
+    assert sorted(documents(read_plan(plan))) == sorted(first + second)
+    [line] = [x for x in capsys.readouterr().err.splitlines() if "named more than once" in x]
+    assert line == (
+        "[plan] warning: data.inputs: 2 file(s) named more than once (a link, or two globs) are "
+        f"read once each: {folder}/a.jsonl (also {folder}/link.jsonl); "
+        f"{folder}/b.jsonl (also {folder}/hard.jsonl)"
+    )
+    linked = (f"+data.sources.web.inputs=[{folder}/a.jsonl]", "+data.sources.web.weight=1")
+    with pytest.raises(ConfigError, match=r"link.jsonl is in data.sources.web too"):
+        make_config(
+            tmp_path / "two", *linked, f"+data.sources.copy={{inputs:[{folder}/link.jsonl]}}"
+        )
 
 
 def test_ten_thousand_small_files_are_planned_in_seconds(tmp_path):
