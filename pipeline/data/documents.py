@@ -46,5 +46,10 @@ class Filtered:
 
 def where_key(span: Span) -> str:
     """The config key of the row filter that applies to a span's file."""
-    named = span.source not in (None, "corpus")
-    return f"data.sources.{span.source}.where" if named else "data.where"
+    return source_where_key(span.source)
+
+
+def source_where_key(source: str | None) -> str:
+    """The config key of a source's row filter: data.where for the one source of data.inputs."""
+    named = source not in (None, "corpus")
+    return f"data.sources.{source}.where" if named else "data.where"

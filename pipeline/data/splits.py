@@ -11,6 +11,7 @@ import hashlib
 
 from pipeline.config.split import Split
 from pipeline.core.errors import ConfigError
+from pipeline.data.documents import source_where_key
 
 SPLITS = ("train", "validation", "test")
 DIGEST_BYTES = 16  # of a document's text: the key of exact deduplication
@@ -39,16 +40,29 @@ class Splitter:
 def check_splits(manifest: dict, seq_length: int, needed: tuple[str, ...]) -> None:
     """Refuse a split that a stage reads but that is too small to give one sequence of every
     source: megatron-core would loop forever on an empty one, and a loss over a few tokens says
-    nothing."""
+    nothing. Where a source's row filter left out most of its rows, the filter is named."""
     need = seq_length + 1
     many = len(manifest["sources"]) > 1
     for name, source in manifest["sources"].items():
         for split in needed:
             tokens = source["split_tokens"][split]
-            if tokens < need:
-                of = f" of source {name}" if many else ""
+            if tokens >= need:
+                continue
+            of = f" of source {name}" if many else ""
+            small = (
+                f"the {split} split{of} has {tokens} tokens, fewer than one sequence of "
+                f"model.seq_length+1={need}"
+            )
+            larger = (
+                f"give {split} a larger share of data.split={manifest['split']!r} and tokenize "
+                "again (force=tokenize: each document's split is decided when it is tokenized)"
+            )
+            filtered = source.get("filtered", 0)
+            rows = filtered + source["documents"] + source["no_token_documents"]
+            rows += sum(source["rejected"].values())
+            if filtered and filtered >= rows / 2:
                 raise ConfigError(
-                    f"data.split: the {split} split{of} has {tokens} tokens, fewer than one "
-                    f"sequence of model.seq_length+1={need}; give {split} a larger share of "
-                    f"data.split={manifest['split']!r}, or more data"
+                    f"{source_where_key(name)}: left out {filtered:,} of the {rows:,} rows of "
+                    f"source {name}, and {small}; loosen the filter, or {larger}"
                 )
+            raise ConfigError(f"data.split: {small}; {larger}, or give more data")
