@@ -11,6 +11,7 @@ from pipeline.config import DataConfig
 from pipeline.core.errors import ConfigError, StageError
 from pipeline.core.paths import RunPaths
 from pipeline.data import sources
+from pipeline.data.documents import source_where_key
 from pipeline.data.records import TEXT, Document, Reject, Span
 
 
@@ -44,6 +45,28 @@ def refuse_rejects(data: DataConfig, markers: list[dict], paths: RunPaths) -> No
             f"is in {paths.data_dir / 'rejects'} with its file:line: fix the inputs, or raise "
             "data.max_reject_fraction to accept the loss"
         )
+
+
+def filtered_out(data: DataConfig, markers: list[dict]) -> list[str]:
+    """What each source's row filter left out, a line each (for the verify step's log); a
+    StageError naming the filter when it left out every row of a source."""
+    lines = []
+    reading = sources.by_name(data)
+    for name in sorted(reading):
+        own = [m["sources"][name] for m in markers if name in m["sources"]]
+        filtered = sum(s.get("filtered", 0) for s in own)
+        if not filtered:
+            continue
+        kept = sum(s["documents"] + s["no_token_documents"] for s in own)
+        rows = filtered + kept + sum(sum(s["rejected"].values()) for s in own)
+        key, where = source_where_key(name), reading[name].where
+        if kept == 0:
+            raise StageError(
+                f"{key}: {where!r} left out all {filtered:,} rows of source {name} that were "
+                "read, leaving no document; loosen it, or leave the source out"
+            )
+        lines.append(f"source {name}: {key} {where!r} left out {filtered:,} of {rows:,} rows")
+    return lines
 
 
 def refuse_unreadable_inputs(data: DataConfig, paths: RunPaths, records: int = 100) -> None:

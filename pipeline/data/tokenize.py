@@ -29,6 +29,7 @@ from pipeline.config import DataConfig, PipelineConfig
 from pipeline.core import files, log, provenance
 from pipeline.core.paths import RunPaths
 from pipeline.data import corpus, shards, sources
+from pipeline.data.documents import source_where_key
 from pipeline.data.pieces import PieceEncoder
 from pipeline.data.records import BadRecord, Document, Filtered, Reject, Span
 from pipeline.data.split_files import FileRecord, OneFile, SplitFiles
@@ -374,10 +375,15 @@ def tokenize_shard(
     }
     files.write_json(paths.shard_marker(index), marker)
     mb = marker["bytes_in"] / 1e6
+    filtered = "".join(
+        f", {n:,} rows left out by {source_where_key(name)}"
+        for name, n in sorted(counts.filtered.items())
+        if n
+    )
     _log.info(
         f"shard {index}: {marker['documents']} documents, {marker['tokens']} tokens, "
         f"{mb:.1f} MB in {marker['seconds']:.1f} s ({mb / max(marker['seconds'], 1e-9):.2f} MB/s), "
-        f"{sum(rejected.values())} rejected, max RSS {marker['max_rss_mb']:.0f} MB"
+        f"{sum(rejected.values())} rejected{filtered}, max RSS {marker['max_rss_mb']:.0f} MB"
     )
     return marker
 

@@ -19,13 +19,15 @@ from typing import TypedDict
 import numpy as np
 
 from pipeline.config import PipelineConfig
-from pipeline.core import files, provenance
+from pipeline.core import files, log, provenance
 from pipeline.core.paths import RunPaths
 from pipeline.data import dedup, rejects, shards, sources
 from pipeline.data.indexed import CorruptIndex, read_index
 from pipeline.data.merge import merge
 from pipeline.data.splits import DIGEST_BYTES, SPLITS
 from pipeline.data.tokenize import is_shard_complete
+
+_log = log.get()
 
 
 class CorruptShard(RuntimeError):
@@ -136,6 +138,8 @@ def verify(cfg: PipelineConfig, made_from: dict) -> Manifest:
     tok = files.read_json(paths.tokenizer_meta)
     markers = _checked_shards(paths, cfg, made_from["inputs"]["tokenize"], tok["vocab_size"])
     rejects.refuse_rejects(cfg.data, markers, paths)
+    for line in rejects.filtered_out(cfg.data, markers):
+        _log.info(line)
     names = [s.name for s in sources.of(cfg.data)]
     by_split = _split_files(markers, names)
     removed: dict[str, Counter] = {"documents": Counter(), "tokens": Counter()}

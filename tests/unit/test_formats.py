@@ -16,10 +16,11 @@ import pytest
 import zstandard
 
 from pipeline.config import row_filter
-from pipeline.core.errors import ConfigError
+from pipeline.core.errors import ConfigError, StageError
 from pipeline.core.paths import RunPaths
 from pipeline.data import formats, shards, sources
 from pipeline.data.records import Document, Filtered, Reject, Span, read
+from pipeline.data.splits import check_splits
 from tests.conftest import make_config
 
 
@@ -180,6 +181,41 @@ def test_row_filters_select_rows_and_count_the_rest(tmp_path):
     for bad in ("score >=", "score = 1", "a > 1 and", "(a > 1", "a > b", "__import__('os')"):
         with pytest.raises(row_filter.BadFilter):
             row_filter.parse(bad)
+
+
+def test_rows_a_filter_leaves_out_are_reported_and_a_filter_that_leaves_none_is_named(
+    tokenized, tmp_path, capsys
+):
+    from pipeline.data.steps import TOKENIZE, TOKENIZER, VERIFY
+
+    path = tmp_path / "web.parquet"
+    texts = [f"page {i} " + "word " * (i % 9) for i in range(300)]
+    write_parquet(path, texts, 3, lang=["en", "en", "de"] * 100)
+    model = f"tokenizer.model={RunPaths.of(tokenized.workdir).tokenizer_model}"
+
+    def tokenize(where: str):
+        cfg = make_config(
+            tmp_path / where.split("'")[1], f"data.inputs=[{path}]", f"data.where={where}", model
+        )
+        TOKENIZE.prepare(cfg)
+        for step in (TOKENIZER, TOKENIZE):
+            step.run(cfg)
+        return VERIFY.run(cfg)
+
+    manifest = tokenize("\"lang == 'en'\"")
+    assert manifest["total"]["documents"] == 200 and manifest["total"]["filtered"] == 100
+    said = capsys.readouterr().err
+    assert "rows left out by data.where" in said  # each tokenize task's line
+    assert "source corpus: data.where \"lang == 'en'\" left out 100 of 300 rows" in said
+    with pytest.raises(StageError) as refused:
+        tokenize("\"lang == 'fr'\"")
+    assert str(refused.value).startswith(
+        "data.where: \"lang == 'fr'\" left out all 300 rows of source corpus that were read"
+    )
+    few = {**manifest["sources"]["corpus"], "documents": 3, "filtered": 297}
+    few["split_tokens"] = {"train": 30, "validation": 2, "test": 2}
+    with pytest.raises(ConfigError, match=r"^data.where: left out 297 of the 300 rows of source"):
+        check_splits({"split": "90,5,5", "sources": {"corpus": few}}, 64, ("train",))
 
 
 def test_a_bad_filter_or_format_is_one_config_error_naming_the_key(tmp_path):
