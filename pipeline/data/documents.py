@@ -31,6 +31,9 @@ class Reject:
     reason: str
     detail: str = ""
     unit: str = "line"  # or "row", of a Parquet or Arrow file (1-based)
+    # the records it stands for: 1 for a bad record; for a damaged file, that record and those
+    # predicted lost after the damage; None where that cannot be told (a stream cut short)
+    lost: int | None = 1
 
     def where(self) -> str:
         return f"{self.path}:{self.line}" if self.unit == "line" else f"{self.path} row {self.line}"

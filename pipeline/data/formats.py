@@ -9,6 +9,7 @@ ranges (pipeline.data.shards); anything else goes whole to one shard.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import io
 import os
@@ -199,6 +200,90 @@ def open_bytes(path: str, start: int = 0, end: int | None = None) -> BinaryIO:
     if found == "zstd":
         return io.BufferedReader(ZstdReader(path, start, end), READ_CHUNK)
     return open(path, "rb")  # noqa: SIM115 (the caller closes it)
+
+
+PROBE, FINE = 1 << 16, 256  # compressed bytes fed at a time when finding a stream's damage
+
+
+def lost_bytes(path: str, start: int = 0, end: int | None = None) -> tuple[int, int | None]:
+    """For a gzip or zstd stream whose reader failed: (decompressed bytes before the damage in
+    the compressed bytes [start, end), decompressed bytes predicted lost after it). Damage in
+    the middle loses the compressed bytes after it at the ratio of those before; a stream cut
+    short loses what its zstd frame header says the frame held, and None where no header says
+    (gzip records its length only in its last bytes). Found by decompressing the range again,
+    in pieces (a decompressor fails a whole piece), and once more in small pieces near the
+    damage, so only for a stream known to be damaged."""
+    end = os.path.getsize(path) if end is None else end
+    found = _decode(path, start, end, None)
+    if found.damaged_at is not None:
+        found = _decode(path, start, end, found.damaged_at)
+    if found.damaged_at is not None:
+        before = found.damaged_at - start
+        if not (before and found.decoded):
+            return found.decoded, None
+        return found.decoded, round((end - found.damaged_at) * found.decoded / before)
+    if found.frame_start is None:  # every frame whole
+        return found.decoded, 0
+    size = _content_size(path, found.frame_start) if kind(path) == "zstd" else None
+    return found.decoded, None if size is None else max(0, size - found.frame_decoded)
+
+
+@dataclasses.dataclass
+class _Decoded:
+    decoded: int = 0  # decompressed bytes before the damage
+    damaged_at: int | None = None  # the compressed offset of the piece that failed
+    frame_start: int | None = None  # of the frame (gzip member) the data ended inside
+    frame_decoded: int = 0  # of that frame
+
+
+def _decode(path: str, start: int, end: int, fine_from: int | None) -> _Decoded:
+    """Decompress [start, end) in pieces, small ones from `fine_from` on, until damage."""
+    import zlib
+
+    zstd = kind(path) == "zstd"
+    errors = (zstandard().ZstdError,) if zstd else (zlib.error,)
+    result = _Decoded()
+    decoder, offset, data = None, start, b""
+    with open(path, "rb") as f:
+        while True:
+            if not data:
+                want = PROBE if fine_from is None or offset < fine_from - PROBE else FINE
+                data = (
+                    os.pread(f.fileno(), min(want, end - offset), offset) if offset < end else b""
+                )
+                if not data:
+                    break
+            if decoder is None or decoder.eof:
+                decoder = (
+                    zstandard().ZstdDecompressor().decompressobj()
+                    if zstd
+                    else zlib.decompressobj(wbits=31)
+                )
+                result.frame_start, result.frame_decoded = offset, 0
+            try:
+                out = decoder.decompress(data)
+            except errors:
+                result.damaged_at = offset
+                return result
+            result.decoded += len(out)
+            result.frame_decoded += len(out)
+            rest = decoder.unused_data if decoder.eof else b""
+            offset += len(data) - len(rest)
+            data = rest
+    if decoder is None or decoder.eof:
+        result.frame_start = None
+    return result
+
+
+def _content_size(path: str, frame_start: int) -> int | None:
+    """The decompressed size a zstd frame's header records, or None where it records none."""
+    with open(path, "rb") as f:
+        head = os.pread(f.fileno(), 18, frame_start)
+    try:
+        size = zstandard().get_frame_parameters(head).content_size
+    except zstandard().ZstdError:
+        return None
+    return None if size >= zstandard().CONTENTSIZE_ERROR else size
 
 
 zstd_frames_cached = functools.lru_cache(maxsize=64)(zstd_frames)  # read by each span's reader

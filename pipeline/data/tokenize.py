@@ -32,6 +32,7 @@ from pipeline.data import corpus, shards, sources
 from pipeline.data.documents import source_where_key
 from pipeline.data.pieces import PieceEncoder
 from pipeline.data.records import BadRecord, Document, Filtered, Reject, Span
+from pipeline.data.rejects import PREDICTED_LOST, UNKNOWN_LOSS
 from pipeline.data.split_files import FileRecord, OneFile, SplitFiles
 from pipeline.data.splits import Splitter, digest
 from pipeline.data.tokenizer import load
@@ -87,6 +88,8 @@ def _batches(
                 continue
             batch.items.append(item)
             read_here["documents" if isinstance(item, Document) else item.reason] += 1
+            if isinstance(item, Reject) and item.lost != 1:
+                _count_loss(item, read_here)
             if isinstance(item, Document):
                 batch.digests.append(digest(item.text))
                 batch.text_bytes += item.source_bytes
@@ -97,6 +100,18 @@ def _batches(
                 batch = Batch(span.source, [], [])
     if batch.items:
         yield batch
+
+
+def _count_loss(damaged: Reject, read_here: Counter) -> None:
+    """A damaged file's loss past its one reject, counted (pipeline.data.rejects weighs it) and
+    said where the task's log shows it."""
+    if damaged.lost is None:
+        read_here[UNKNOWN_LOSS] += 1
+        said = "how many records it lost cannot be told (no record of the stream's length)"
+    else:
+        read_here[PREDICTED_LOST] += damaged.lost - 1
+        said = f"~{damaged.lost - 1:,} more records lost after it, predicted from those before"
+    _log.warning(f"warning: {damaged.where()}: {damaged.reason}: {said}")
 
 
 def _prefetched(it: Iterator, depth: int = 2) -> Iterator:

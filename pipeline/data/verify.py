@@ -137,7 +137,8 @@ def verify(cfg: PipelineConfig, made_from: dict) -> Manifest:
     started = time.time()
     tok = files.read_json(paths.tokenizer_meta)
     markers = _checked_shards(paths, cfg, made_from["inputs"]["tokenize"], tok["vocab_size"])
-    rejects.refuse_rejects(cfg.data, markers, paths)
+    for line in rejects.refuse_rejects(cfg.data, markers, paths):
+        _log.warning(line)
     for line in rejects.filtered_out(cfg.data, markers):
         _log.info(line)
     names = [s.name for s in sources.of(cfg.data)]
@@ -185,6 +186,12 @@ def verify(cfg: PipelineConfig, made_from: dict) -> Manifest:
             },
             "rejected": dict(rejected),
             "filtered": sum(r["filtered"] for r in described.values()),
+            # records damaged files are predicted to have lost past their one reject each
+            rejects.PREDICTED_LOST: sum(
+                read.get(rejects.PREDICTED_LOST, 0)
+                for m in markers
+                for read in m.get("inputs", {}).values()
+            ),
             "duplicates": {k: sum(removed[k].values()) for k in ("documents", "tokens")},
             "split_documents": {
                 s: sum(r["split_documents"][s] for r in described.values()) for s in SPLITS

@@ -121,7 +121,8 @@ def test_a_damaged_parquet_file_is_one_reject_after_what_was_read(tmp_path):
     items = list(read(Span(str(path)), "text", 10**6))
     kept = documents(items)
     assert kept[:50] == [f"row {i}" for i in range(50)]  # the groups before the damage
-    assert [(r.line, r.reason) for r in items if isinstance(r, Reject)] == [(51, "damaged_parquet")]
+    [reject] = [r for r in items if isinstance(r, Reject)]
+    assert (reject.line, reject.reason, reject.lost) == (51, "damaged_parquet", 25)  # its group
     assert kept[50:] == [f"row {i}" for i in range(75, 100)]  # and the group after
 
 
@@ -143,6 +144,41 @@ def test_zstd_frames_are_units_and_a_truncated_frame_keeps_what_came_before(tmp_
     assert got == expected[: len(got)] and len(got) > 200  # each line once, in order
     [reject] = [r for r in items if isinstance(r, Reject)]
     assert reject.reason == "truncated_zstd" and reject.line == len(got) + 1
+
+
+def test_a_damaged_stream_stands_for_the_records_it_lost(tmp_path):
+    """A stream cut short or damaged is one reject weighing what it lost: its zstd frame's
+    recorded size, or the bytes after the damage at the ratio of those before; None where
+    nothing records it (a gzip or a zstd frame without its size, cut short)."""
+    import random
+
+    rng = random.Random(3)
+    lines = [
+        json.dumps({"text": " ".join(rng.choices(["alpha", "beta", "gamma"], k=rng.randint(9, 60)))})
+        .encode() + b"\n"
+        for _ in range(3000)
+    ]  # fmt: skip
+    stream = b"".join(lines)
+
+    def outcome(name: str, content: bytes) -> tuple[int, int | None]:
+        (tmp_path / name).write_bytes(content)
+        items = list(read(Span(str(tmp_path / name)), "text", 10**6))
+        [reject] = [r for r in items if isinstance(r, Reject)]
+        assert reject.reason.startswith("truncated_")
+        return len(documents(items)), reject.lost
+
+    sized = zstandard.ZstdCompressor().compress(stream)  # the frame records its size
+    kept, lost = outcome("cut.jsonl.zst", sized[: len(sized) * 2 // 5])
+    assert 200 < kept < 2800 and abs(kept + lost - 3000) <= 90  # a prediction
+    unsized = zstandard.ZstdCompressor(write_content_size=False).compress(stream)
+    assert outcome("unsized.jsonl.zst", unsized[: len(unsized) * 2 // 5])[1] is None
+    packed = gzip.compress(stream)
+    assert outcome("cut.jsonl.gz", packed[: len(packed) * 2 // 5])[1] is None
+    members = [gzip.compress(b"".join(lines[i : i + 1000])) for i in (0, 1000, 2000)]
+    broken = bytearray(members[1])
+    broken[2] = 9  # no compression method gzip knows: the second member is damaged
+    kept, lost = outcome("damaged.jsonl.gz", members[0] + bytes(broken) + members[2])
+    assert kept == 1000 and abs(lost - 2000) <= 200
 
 
 def test_text_files_are_one_document_each(tmp_path):
