@@ -224,7 +224,7 @@ def lost_bytes(path: str, start: int = 0, end: int | None = None) -> tuple[int, 
         return found.decoded, round((end - found.damaged_at) * found.decoded / before)
     if found.frame_start is None:  # every frame whole
         return found.decoded, 0
-    size = _content_size(path, found.frame_start) if kind(path) == "zstd" else None
+    size = content_size(path, found.frame_start) if kind(path) == "zstd" else None
     return found.decoded, None if size is None else max(0, size - found.frame_decoded)
 
 
@@ -275,7 +275,12 @@ def _decode(path: str, start: int, end: int, fine_from: int | None) -> _Decoded:
     return result
 
 
-def _content_size(path: str, frame_start: int) -> int | None:
+def decoded_head(path: str, compressed: int) -> int:
+    """The decompressed bytes of a gzip or zstd file's first `compressed` bytes."""
+    return _decode(path, 0, compressed, None).decoded
+
+
+def content_size(path: str, frame_start: int) -> int | None:
     """The decompressed size a zstd frame's header records, or None where it records none."""
     with open(path, "rb") as f:
         head = os.pread(f.fileno(), 18, frame_start)

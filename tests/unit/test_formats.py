@@ -4,7 +4,9 @@ in one reject after what could be read, row filters, text files, saved `datasets
 
 from __future__ import annotations
 
+import dataclasses
 import gzip
+import itertools
 import json
 import os
 import time
@@ -16,6 +18,7 @@ import pytest
 import zstandard
 
 from pipeline.config import row_filter
+from pipeline.config.split import Split
 from pipeline.core.errors import ConfigError, StageError
 from pipeline.core.paths import RunPaths
 from pipeline.data import formats, shards, sources
@@ -179,6 +182,56 @@ def test_a_damaged_stream_stands_for_the_records_it_lost(tmp_path):
     broken[2] = 9  # no compression method gzip knows: the second member is damaged
     kept, lost = outcome("damaged.jsonl.gz", members[0] + bytes(broken) + members[2])
     assert kept == 1000 and abs(lost - 2000) <= 200
+
+
+@pytest.fixture(scope="module")
+def same_documents(tmp_path_factory) -> tuple[Path, list[str]]:
+    """536 documents of the built-in corpus as JSONL, Parquet and zstd."""
+    from pipeline.data import corpus
+
+    folder = tmp_path_factory.mktemp("same")
+    texts = list(itertools.islice(corpus.documents(), 536))
+    jsonl = "".join(json.dumps({"text": t}) + "\n" for t in texts).encode()
+    (folder / "corpus.jsonl").write_bytes(jsonl)
+    write_parquet(folder / "corpus.parquet", texts, 4)
+    write_zstd(folder / "corpus.jsonl.zst", [jsonl[: len(jsonl) // 2], jsonl[len(jsonl) // 2 :]])
+    return folder, texts
+
+
+@pytest.mark.parametrize("tokenizer_at_hand", [True, False], ids=["tokenizer", "vocab-size"])
+def test_epochs_are_estimated_from_content_alike_for_jsonl_parquet_and_zstd(
+    tokenized, same_documents, tmp_path, tokenizer_at_hand
+):
+    """The same 536 documents as JSONL, Parquet and zstd: their tokens are estimated from a
+    sample of their text, whatever the bytes on disk; a budget that reads them ~2.7 times is
+    not refused under data.max_epochs=4, and one far past the limit still is."""
+    from pipeline.data import mixture
+    from pipeline.data.tokenizer import load
+
+    folder, texts = same_documents
+    model = RunPaths.of(tokenized.workdir).tokenizer_model
+    counted = sum(len(ids) + 1 for ids in load(model).encode(texts))  # as tokenize counts
+    given = [f"tokenizer.model={model}"] if tokenizer_at_hand else ["tokenizer.vocab_size=512"]
+    tolerance = 0.1 if tokenizer_at_hand else 0.35  # a tokenizer measured, or a typical one
+    steps = round(2.7 * counted * 0.9 / (8 * 64))  # ~2.7 epochs of the 90% training split
+    for name in ("corpus.jsonl", "corpus.parquet", "corpus.jsonl.zst"):
+        cfg = make_config(
+            tmp_path / f"run-{name}",
+            f"data.inputs=[{folder / name}]",
+            *given,
+            "model.seq_length=64",
+            "train.global_batch_size=8",
+            "train.micro_batch_size=8",
+            f"train.steps={steps}",
+            "data.max_epochs=4",
+        )
+        tokens, how = mixture.known_train_tokens(cfg)
+        share = Split.of(cfg.data.split).shares[0]
+        assert abs(tokens["corpus"] / share / counted - 1) < tolerance, (name, tokens, counted)
+        assert how.startswith("estimated from a sample")
+        assert mixture.too_many_epochs(cfg, (tokens, how)) is None, name
+        far = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, steps=steps * 3))
+        assert mixture.too_many_epochs(far, (tokens, how)).startswith("train.steps: "), name
 
 
 def test_text_files_are_one_document_each(tmp_path):
