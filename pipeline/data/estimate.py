@@ -81,10 +81,10 @@ def bytes_per_token(cfg: PipelineConfig, texts: list[str]) -> tuple[float, str]:
         encoded = sum(len(ids) for ids in load(model).encode(sample))
         if encoded:
             measured = sum(len(t.encode("utf-8", "surrogatepass")) for t in sample) / encoded
-            return measured, f"{measured:.2f} bytes a token (the tokenizer's, on the sample)"
+            return measured, f"the tokenizer's {measured:.2f} bytes a token"
     vocab = cfg.tokenizer.vocab_size
     guessed = guessed_bytes_per_token(vocab)
-    return guessed, f"~{guessed:.1f} bytes a token (typical of {vocab:,} pieces; none trained yet)"
+    return guessed, f"~{guessed:.1f} bytes a token, typical of {vocab:,} pieces"
 
 
 def guessed_bytes_per_token(vocab_size: int) -> float:
@@ -164,7 +164,7 @@ def _rows_content(source: sources.Source, path: str, found: str, max_bytes: int)
             content.text_bytes += item.source_bytes
             content.documents += 1
             content.texts.append(item.text)
-        rows += item.rows if isinstance(item, Filtered) else isinstance(item, Document | Reject)
+        rows += item.rows if isinstance(item, Filtered) else 1  # a document or a reject
         if content.text_bytes >= SAMPLE_BYTES:
             break
     total = row_count(path, found)
