@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pipeline.config import PipelineConfig
 from pipeline.core.paths import RunPaths
 from pipeline.data import formats, sources
-from pipeline.data.documents import Document, Filtered, Reject, Span
+from pipeline.data.documents import Document, Filtered, Span
 from pipeline.data.records import TEXT
 
 SAMPLE_BYTES = 1 << 20  # of decompressed input read from the head of each file
