@@ -22,7 +22,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from pipeline.config import derived
 from pipeline.config.schema import PipelineConfig, SourceConfig
-from pipeline.config.split import Split
+from pipeline.config.split_weights import Split
 from pipeline.config.validate import validate
 from pipeline.core.errors import ConfigError
 

@@ -17,7 +17,7 @@ from pathlib import Path
 from pipeline.config import derived, inputs, keys
 from pipeline.config.keys import value_at
 from pipeline.config.schema import AUTO, STAGES, PipelineConfig
-from pipeline.config.split import Split
+from pipeline.config.split_weights import Split
 from pipeline.core.errors import ConfigError
 
 _SECRET_NAME = re.compile(r"KEY|TOKEN|SECRET|PASSWORD|PASSWD", re.IGNORECASE)

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from pipeline.config import PipelineConfig
-from pipeline.config.split import Split
+from pipeline.config.split_weights import Split
 from pipeline.core import files
 from pipeline.core.paths import RunPaths
 from pipeline.data import estimate, sources

@@ -5,7 +5,7 @@ Deterministic for a given file list and shard count: the files in corpus order
 format allows (pipeline.data.formats.units): plain JSONL anywhere (its readers align to lines),
 Parquet between row groups, zstd between frames; gzip, Arrow and text files go whole. The plan is written once into the run, so a rerun reads exactly
 what the first run planned. Which split a document goes to does not depend on the plan
-(pipeline.data.splits).
+(pipeline.data.split_assignment).
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Tokenize one shard of the corpus into Megatron indexed datasets (.bin/.idx), one for each
-split of each source (pipeline.data.split_files).
+split of each source (pipeline.data.split_outputs).
 
 Byte-compatible with Megatron-LM's tools/preprocess_data.py (GPTSentencePieceTokenizer,
 --append-eod): one sequence per document, the end-of-document id appended, in the bytes that
@@ -33,8 +33,8 @@ from pipeline.data.documents import source_where_key
 from pipeline.data.pieces import PieceEncoder
 from pipeline.data.records import BadRecord, Document, Filtered, Reject, Span
 from pipeline.data.rejects import PREDICTED_LOST, UNKNOWN_LOSS
-from pipeline.data.split_files import FileRecord, OneFile, SplitFiles
-from pipeline.data.splits import Splitter, digest
+from pipeline.data.split_assignment import Splitter, digest
+from pipeline.data.split_outputs import FileRecord, OneFile, SplitFiles
 from pipeline.data.tokenizer import load
 
 _log = log.get()

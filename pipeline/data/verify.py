@@ -24,7 +24,7 @@ from pipeline.core.paths import RunPaths
 from pipeline.data import dedup, rejects, shards, sources
 from pipeline.data.indexed import CorruptIndex, read_index
 from pipeline.data.merge import merge
-from pipeline.data.splits import DIGEST_BYTES, SPLITS
+from pipeline.data.split_assignment import DIGEST_BYTES, SPLITS
 from pipeline.data.tokenize import is_shard_complete
 
 _log = log.get()

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from pipeline.config import PipelineConfig, TokenizerConfig
 from pipeline.config.derived import settled, slurm_minutes, trains_on_gpu, world_size
-from pipeline.config.split import Split
+from pipeline.config.split_weights import Split
 from pipeline.core.errors import ConfigError
 from pipeline.core.paths import RunPaths
 from pipeline.data import mixture, rejects, shards

@@ -13,7 +13,7 @@ from pipeline.config import ConfigError
 from pipeline.core.paths import RunPaths
 from pipeline.data import datasets, evalsets
 from pipeline.data.dedup import DIGEST
-from pipeline.data.splits import SPLITS
+from pipeline.data.split_assignment import SPLITS
 from pipeline.data.steps import INDEX
 from tests.conftest import SMALL, make_config
 

@@ -18,12 +18,12 @@ import pytest
 import zstandard
 
 from pipeline.config import row_filter
-from pipeline.config.split import Split
+from pipeline.config.split_weights import Split
 from pipeline.core.errors import ConfigError, StageError
 from pipeline.core.paths import RunPaths
 from pipeline.data import formats, shards, sources
+from pipeline.data.datasets import check_splits
 from pipeline.data.records import Document, Filtered, Reject, Span, read
-from pipeline.data.splits import check_splits
 from tests.conftest import make_config
 
 
