@@ -19,6 +19,7 @@ GZIP, ZSTD, PARQUET = b"\x1f\x8b", b"\x28\xb5\x2f\xfd", b"PAR1"
 ARROW_FILE, ARROW_STREAM = b"ARROW1", b"\xff\xff\xff\xff"  # the stream's continuation marker
 COLUMNAR = ("parquet", "arrow")
 READ_CHUNK = 1 << 20
+FEED = 1 << 14  # compressed bytes given to a zstd decompressor at a time
 
 
 @functools.lru_cache(maxsize=65536)
@@ -168,16 +169,17 @@ class ZstdReader(io.RawIOBase):
                 continue
             if not past_end:
                 self.before_end -= len(chunk)
-            pieces = []
-            while chunk:
+            pieces, view, at = [], memoryview(chunk), 0
+            while at < len(view):
                 if self.frame is None or self.frame.eof:
                     self.frame = self.context.decompressobj()
+                piece = view[at : at + FEED]  # a failed piece loses its output: keep them small
                 try:
-                    pieces.append(self.frame.decompress(chunk))
+                    pieces.append(self.frame.decompress(piece))
                 except zstd.ZstdError as e:
                     self.failed = EOFError(f"damaged zstd data: {e}")
                     break
-                chunk = self.frame.unused_data if self.frame.eof else b""
+                at += len(piece) - (len(self.frame.unused_data) if self.frame.eof else 0)
             self.out = memoryview(b"".join(pieces))
             self.produced += len(self.out)
         n = min(len(buffer), len(self.out))
@@ -217,11 +219,11 @@ def lost_bytes(path: str, start: int = 0, end: int | None = None) -> tuple[int, 
     found = _decode(path, start, end, None)
     if found.damaged_at is not None:
         found = _decode(path, start, end, found.damaged_at)
-    if found.damaged_at is not None:
-        before = found.damaged_at - start
+    if found.damaged_at is not None:  # what followed the last output is lost, at its ratio
+        before = found.output_end - start
         if not (before and found.decoded):
             return found.decoded, None
-        return found.decoded, round((end - found.damaged_at) * found.decoded / before)
+        return found.decoded, round((end - found.output_end) * found.decoded / before)
     if found.frame_start is None:  # every frame whole
         return found.decoded, 0
     size = content_size(path, found.frame_start) if kind(path) == "zstd" else None
@@ -232,6 +234,7 @@ def lost_bytes(path: str, start: int = 0, end: int | None = None) -> tuple[int, 
 class _Decoded:
     decoded: int = 0  # decompressed bytes before the damage
     damaged_at: int | None = None  # the compressed offset of the piece that failed
+    output_end: int = 0  # the compressed offset where the last output came (a block ended)
     frame_start: int | None = None  # of the frame (gzip member) the data ended inside
     frame_decoded: int = 0  # of that frame
 
@@ -242,7 +245,7 @@ def _decode(path: str, start: int, end: int, fine_from: int | None) -> _Decoded:
 
     zstd = kind(path) == "zstd"
     errors = (zstandard().ZstdError,) if zstd else (zlib.error,)
-    result = _Decoded()
+    result = _Decoded(output_end=start)
     decoder, offset, data = None, start, b""
     with open(path, "rb") as f:
         while True:
@@ -270,6 +273,8 @@ def _decode(path: str, start: int, end: int, fine_from: int | None) -> _Decoded:
             rest = decoder.unused_data if decoder.eof else b""
             offset += len(data) - len(rest)
             data = rest
+            if out:
+                result.output_end = offset
     if decoder is None or decoder.eof:
         result.frame_start = None
     return result

@@ -173,6 +173,10 @@ def test_a_damaged_stream_stands_for_the_records_it_lost(tmp_path):
     sized = zstandard.ZstdCompressor().compress(stream)  # the frame records its size
     kept, lost = outcome("cut.jsonl.zst", sized[: len(sized) * 2 // 5])
     assert 200 < kept < 2800 and abs(kept + lost - 3000) <= 90  # a prediction
+    flipped = bytearray(sized)
+    flipped[len(sized) * 2 // 5 : len(sized) * 2 // 5 + 50] = b"\xff" * 50  # damage inside
+    kept, lost = outcome("damaged.jsonl.zst", bytes(flipped))
+    assert kept > 200 and abs(kept + lost - 3000) <= 90  # the blocks before it are kept
     unsized = zstandard.ZstdCompressor(write_content_size=False).compress(stream)
     assert outcome("unsized.jsonl.zst", unsized[: len(unsized) * 2 // 5])[1] is None
     packed = gzip.compress(stream)
