@@ -74,3 +74,14 @@ def test_a_damaged_file_weighs_what_it_lost_and_an_unknown_loss_is_refused(tmp_p
     anything = make_config(tmp_path, "data.max_reject_fraction=1").data
     [warning] = refuse_rejects(anything, shards, paths)
     assert "an unknown number of records lost" in warning
+
+
+def test_the_report_shows_the_records_lost_and_the_rows_filtered_out():
+    from pipeline.reporting.report import _data_section
+
+    total = {"rejected": {"truncated_zstd": 1}, "predicted_lost": 326, "filtered": 12}
+    rows = dict(_data_section({"total": total, "sources": {}}, {})[1][2])
+    assert rows["records lost to damaged files (predicted)"] == 326
+    assert rows["rows left out by row filters"] == 12
+    plain = dict(_data_section({"total": {"rejected": {}}, "sources": {}}, {})[1][2])
+    assert "records lost to damaged files (predicted)" not in plain
