@@ -23,7 +23,7 @@ from pipeline.data.records import TEXT
 
 SAMPLE_BYTES = 1 << 20  # of decompressed input read from the head of each file
 SAMPLE_FILES = 16  # files of a source read; the others are scaled from them by size
-ENCODE_BYTES = 1 << 18  # of sampled text encoded to measure a tokenizer's bytes a token
+ENCODE_CHARACTERS = 1 << 18  # of a source's sampled text, encoded to measure its tokenizer
 # Bytes a token of a sentencepiece BPE model by vocabulary size, measured on the built-in
 # corpus (English prose and docstrings): 512 -> 1.9, 2000 -> 3.3, 8000 -> 4.3, 32000 -> 4.6.
 BYTES_PER_TOKEN = ((64, 1.0), (512, 1.9), (2000, 3.3), (8000, 4.2), (32000, 4.5), (131072, 4.8))
@@ -60,31 +60,48 @@ def estimate(cfg: PipelineConfig) -> Estimate:
             contents[name] = Content(text_bytes=d.builtin_corpus_bytes)
         else:
             contents[name] = _source_content(reading[name], files, d.max_document_bytes)
-    per_token, how = bytes_per_token(cfg, [t for c in contents.values() for t in c.texts])
-    tokens = {name: round(c.text_bytes / per_token + c.documents) for name, c in contents.items()}
+    model = tokenizer_at_hand(cfg)
+    sp = None
+    if model is not None:
+        from pipeline.data.tokenizer import load
+
+        sp = load(model)
+    per_token = {name: bytes_per_token(sp, c.texts) for name, c in contents.items()}
+    vocab = cfg.tokenizer.vocab_size
+    guessed = guessed_bytes_per_token(vocab)
+    tokens = {
+        name: round(c.text_bytes / (per_token[name] or guessed) + c.documents)
+        for name, c in contents.items()
+    }
+    measured = {name: f for name, f in per_token.items() if f is not None}
+    if measured:
+        figures = ", ".join(
+            f"{f:.2f}" if len(contents) == 1 else f"{name} {f:.2f}" for name, f in measured.items()
+        )
+        how = f"the tokenizer's {figures} bytes a token"
+    else:
+        how = f"~{guessed:.1f} bytes a token, typical of {vocab:,} pieces"
     return Estimate(tokens, f"estimated from a sample of each file's text at {how}")
 
 
-def bytes_per_token(cfg: PipelineConfig, texts: list[str]) -> tuple[float, str]:
-    """The tokenizer's bytes a token on `texts` when its model is at hand (given, or trained
-    in this run or data.prepared's), else the figure for tokenizer.vocab_size; and how it
-    was found, in words."""
+def tokenizer_at_hand(cfg: PipelineConfig) -> str | None:
+    """The run's sentencepiece model, when there is one yet: given, or trained in this run or
+    in data.prepared's."""
     candidates = [cfg.tokenizer.model] if cfg.tokenizer.model else []
     candidates += [
         str(RunPaths.of(r).tokenizer_model) for r in (cfg.workdir, cfg.data.prepared) if r
     ]
-    model = next((m for m in candidates if os.path.isfile(m)), None)
-    sample = list(_first_bytes(texts, ENCODE_BYTES))
-    if model is not None and sample:
-        from pipeline.data.tokenizer import load
+    return next((m for m in candidates if os.path.isfile(m)), None)
 
-        encoded = sum(len(ids) for ids in load(model).encode(sample))
-        if encoded:
-            measured = sum(len(t.encode("utf-8", "surrogatepass")) for t in sample) / encoded
-            return measured, f"the tokenizer's {measured:.2f} bytes a token"
-    vocab = cfg.tokenizer.vocab_size
-    guessed = guessed_bytes_per_token(vocab)
-    return guessed, f"~{guessed:.1f} bytes a token, typical of {vocab:,} pieces"
+
+def bytes_per_token(sp, texts: list[str]) -> float | None:
+    """The tokenizer's text bytes a token on (the first ENCODE_CHARACTERS of) `texts`; None
+    without a tokenizer or text."""
+    sample = list(_first_characters(texts, ENCODE_CHARACTERS))
+    encoded = sum(len(ids) for ids in sp.encode(sample)) if sp is not None and sample else 0
+    if not encoded:
+        return None
+    return sum(len(t.encode("utf-8", "surrogatepass")) for t in sample) / encoded
 
 
 def guessed_bytes_per_token(vocab_size: int) -> float:
@@ -101,7 +118,7 @@ def guessed_bytes_per_token(vocab_size: int) -> float:
     )
 
 
-def _first_bytes(texts: list[str], limit: int):
+def _first_characters(texts: list[str], limit: int):
     size = 0
     for text in texts:
         if size >= limit:
