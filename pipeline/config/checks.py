@@ -17,7 +17,7 @@ from typing import Any
 from pipeline.config import derived, inputs, keys
 from pipeline.config.keys import value_at
 from pipeline.config.schema import AUTO, PipelineConfig
-from pipeline.config.split import Split
+from pipeline.config.split_weights import Split
 from pipeline.core.errors import ConfigError
 
 # Control characters: a newline would end an #SBATCH line and start a shell command.
@@ -183,7 +183,7 @@ def _check_sources(cfg: PipelineConfig) -> None:
     _require(
         not (d.inputs and d.sources), "data.inputs", "give data.inputs or data.sources, not both"
     )
-    owner: dict[str, str] = {}
+    owner: dict[tuple[int, int], str] = {}
     for name, source in d.sources.items():
         key = f"data.sources.{name}"
         _refuse_filtered_text(key, source.format or cfg.data.format, source.where)
@@ -193,7 +193,7 @@ def _check_sources(cfg: PipelineConfig) -> None:
         found = []
         for pattern in source.inputs:
             for path in inputs.readable_files(str(pattern), f"{key}.inputs"):
-                other = owner.setdefault(path, name)
+                other = owner.setdefault(inputs.identity(path), name)  # a link is the file
                 _require(other == name, f"{key}.inputs", f"{path} is in data.sources.{other} too")
                 found.append(path)
         _refuse_empty(found, f"{key}.inputs")

@@ -22,7 +22,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from pipeline.config import checks, derived
 from pipeline.config.schema import PipelineConfig, SourceConfig
-from pipeline.config.split import Split
+from pipeline.config.split_weights import Split
 from pipeline.core.errors import ConfigError
 
 CONF = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(__file__))), "conf")

@@ -38,6 +38,13 @@ def expand(pattern: str) -> tuple[list[str], list[str]]:
     return found, folders
 
 
+def identity(path: str) -> tuple[int, int]:
+    """A file's real identity (device, inode): one for all its names, whether symlinks, hard
+    links or two globs reach it."""
+    found = os.stat(path)
+    return found.st_dev, found.st_ino
+
+
 def readable_files(pattern: str, key: str) -> list[str]:
     """The files a glob of `key` names (a saved `datasets` folder: its Arrow files); none, or
     one that cannot be read, is a ConfigError."""

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.config import row_filter, slurm_time
-from pipeline.config.split import Split
+from pipeline.config.split_weights import Split
 
 # (key, value) -> the one-line refusal, starting with the key (or one of its entries); None: ok
 Refusal = Callable[[str, Any], "str | None"]

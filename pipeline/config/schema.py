@@ -100,7 +100,8 @@ class DataConfig:
     merge_into: int | None = key(
         None, OUTPUT, "concatenate each split's files into this many", rule=AT_LEAST_ONE
     )
-    # a pipeline.config.split.Split once composed (OmegaConf types no union of str and list)
+    # a pipeline.config.split_weights.Split once composed (OmegaConf types no union of str and
+    # list)
     split: Any = key(
         "90,5,5", OUTPUT, "train,validation,test shares: '90,5,5' or [90,5,5]", rule=r.SPLIT
     )

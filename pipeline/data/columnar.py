@@ -2,7 +2,8 @@
 `datasets.save_to_disk` writes): the text column of each row, in batches, never a whole file in
 memory. A null or non-string value is a Reject naming the file and row; rows a source's `where`
 leaves out are counted (Filtered); a damaged file or row group is one Reject naming it, after
-the rows read before the damage.
+the rows read before the damage, standing for the rows lost: the rest of a Parquet row group;
+not known for a file that cannot be opened or an Arrow file cut short.
 """
 
 from __future__ import annotations
@@ -28,18 +29,19 @@ def read(
     groups = _parquet_groups(span, wanted) if kind == "parquet" else _arrow_batches(span)
     row = 0
     try:
-        for first_row, batches in groups:
+        for first_row, rows, batches in groups:
             row = first_row
             try:
                 for batch in batches:
                     yield from _rows(span, batch, row, text_key, max_document_bytes, tree, where)
                     row += batch.num_rows
             except (pa.ArrowException, OSError) as e:
-                if kind == "arrow":
+                if rows is None:
                     raise
-                yield Reject(span.path, row + 1, "damaged_parquet", _line(e), "row")
-    except (pa.ArrowException, OSError) as e:
-        yield Reject(span.path, row + 1, f"damaged_{kind}", _line(e), "row")
+                lost = max(1, first_row + rows - row)  # the rest of the row group
+                yield Reject(span.path, row + 1, "damaged_parquet", _line(e), "row", lost)
+    except (pa.ArrowException, OSError) as e:  # how many rows are lost cannot be told
+        yield Reject(span.path, row + 1, f"damaged_{kind}", _line(e), "row", None)
 
 
 def _line(e: BaseException) -> str:
@@ -47,7 +49,7 @@ def _line(e: BaseException) -> str:
 
 
 def _parquet_groups(span: Span, wanted: list[str]):
-    """(first row, its batches) for each row group of the span."""
+    """(first row, rows, its batches) for each row group of the span."""
     import pyarrow.parquet as pq
 
     f = pq.ParquetFile(span.path)
@@ -56,8 +58,9 @@ def _parquet_groups(span: Span, wanted: list[str]):
     last = meta.num_row_groups if span.end is None else span.end
     first_row = sum(meta.row_group(g).num_rows for g in range(span.start))
     for group in range(span.start, last):
-        yield first_row, f.iter_batches(BATCH_ROWS, row_groups=[group], columns=present)
-        first_row += meta.row_group(group).num_rows
+        rows = meta.row_group(group).num_rows
+        yield first_row, rows, f.iter_batches(BATCH_ROWS, row_groups=[group], columns=present)
+        first_row += rows
 
 
 def _arrow_batches(span: Span):
@@ -69,7 +72,7 @@ def _arrow_batches(span: Span):
         batches = (reader.get_batch(i) for i in range(reader.num_record_batches))
     except pa.ArrowInvalid:
         batches = iter(pa.ipc.open_stream(source))
-    yield 0, batches
+    yield 0, None, batches  # the rows of a stream are not known ahead
 
 
 def _rows(span: Span, batch, first_row: int, text_key: str, max_bytes: int, tree, where):

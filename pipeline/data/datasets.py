@@ -2,8 +2,8 @@
 BlendedMegatronDatasetBuilder over the training files of every source, sampled by the sources'
 weights, and a resumable micro-batch sampler.
 
-The validation and test splits are files of their own (pipeline.data.splits); evaluation and
-validation read them in order (pipeline.data.evalsets), not through GPTDataset.
+The validation and test splits are files of their own (pipeline.data.split_assignment);
+evaluation and validation read them in order (pipeline.data.evalsets), not through GPTDataset.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from pipeline.core import files
 from pipeline.core.errors import ConfigError
 from pipeline.core.paths import RunPaths
 from pipeline.data import shards, sources
-from pipeline.data.splits import check_splits
+from pipeline.data.documents import source_where_key
 from pipeline.data.tokenizer import load as load_tokenizer
 from pipeline.runtime import distributed
 
@@ -59,6 +59,37 @@ def needed_splits(cfg: PipelineConfig) -> tuple[str, ...]:
     """The splits the configured stages read."""
     needed = ("train", "validation") if "train" in cfg.stages else ()
     return needed + (("test",) if "evaluate" in cfg.stages else ())
+
+
+def check_splits(manifest: dict, seq_length: int, needed: tuple[str, ...]) -> None:
+    """Refuse a split that a stage reads but that is too small to give one sequence of every
+    source: megatron-core would loop forever on an empty one, and a loss over a few tokens says
+    nothing. Where a source's row filter left out most of its rows, the filter is named."""
+    need = seq_length + 1
+    many = len(manifest["sources"]) > 1
+    for name, source in manifest["sources"].items():
+        for split in needed:
+            tokens = source["split_tokens"][split]
+            if tokens >= need:
+                continue
+            of = f" of source {name}" if many else ""
+            small = (
+                f"the {split} split{of} has {tokens} tokens, fewer than one sequence of "
+                f"model.seq_length+1={need}"
+            )
+            larger = (
+                f"give {split} a larger share of data.split={manifest['split']!r} and tokenize "
+                "again (force=tokenize: each document's split is decided when it is tokenized)"
+            )
+            filtered = source.get("filtered", 0)
+            rows = filtered + source["documents"] + source["no_token_documents"]
+            rows += sum(source["rejected"].values())
+            if filtered and filtered >= rows / 2:
+                raise ConfigError(
+                    f"{source_where_key(name)}: left out {filtered:,} of the {rows:,} rows of "
+                    f"source {name}, and {small}; loosen the filter, or {larger}"
+                )
+            raise ConfigError(f"data.split: {small}; {larger}, or give more data")
 
 
 def check_data(cfg: PipelineConfig, manifest: dict) -> None:

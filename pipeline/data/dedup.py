@@ -1,6 +1,6 @@
 """data.dedup=exact: a document whose text appeared earlier in the corpus is left out.
 
-Copies of one text share a digest, and so a split (pipeline.data.splits): each split is
+Copies of one text share a digest, and so a split (pipeline.data.split_assignment): each split is
 deduplicated on its own, over every source and shard in corpus order (shard after shard, and
 within a shard the sources in name order, as the shard plan lays them out), keeping the first
 copy. A file that loses documents is written again without them beside the shard's own file
@@ -17,7 +17,7 @@ import numpy as np
 from pipeline.core import files
 from pipeline.core.paths import RunPaths
 from pipeline.data.indexed import copy_sequences, read_index
-from pipeline.data.splits import DIGEST_BYTES
+from pipeline.data.split_assignment import DIGEST_BYTES
 
 DIGEST = np.dtype(f"V{DIGEST_BYTES}")
 

@@ -31,6 +31,9 @@ class Reject:
     reason: str
     detail: str = ""
     unit: str = "line"  # or "row", of a Parquet or Arrow file (1-based)
+    # the records it stands for: 1 for a bad record; for a damaged file, that record and those
+    # predicted lost after the damage; None where that cannot be told (a stream cut short)
+    lost: int | None = 1
 
     def where(self) -> str:
         return f"{self.path}:{self.line}" if self.unit == "line" else f"{self.path} row {self.line}"
@@ -46,5 +49,10 @@ class Filtered:
 
 def where_key(span: Span) -> str:
     """The config key of the row filter that applies to a span's file."""
-    named = span.source not in (None, "corpus")
-    return f"data.sources.{span.source}.where" if named else "data.where"
+    return source_where_key(span.source)
+
+
+def source_where_key(source: str | None) -> str:
+    """The config key of a source's row filter: data.where for the one source of data.inputs."""
+    named = source not in (None, "corpus")
+    return f"data.sources.{source}.where" if named else "data.where"

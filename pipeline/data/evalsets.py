@@ -1,7 +1,7 @@
 """What validation and evaluation measure their loss on: documents in order, as one token
 stream cut into windows, every token after the first predicted at most once.
 
-A source's validation or test split is its files of that split (pipeline.data.splits), in
+A source's validation or test split is its files of that split (pipeline.data.split_assignment), in
 corpus order; an extra set is a JSONL file tokenized at evaluation time with the run's
 tokenizer, with the bad-record handling of the tokenize stage. Window k holds stream tokens
 [k*s, k*s + s + 1) for s = model.seq_length: inputs and their next-token labels, as GPTDataset

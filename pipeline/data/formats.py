@@ -9,6 +9,7 @@ ranges (pipeline.data.shards); anything else goes whole to one shard.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import io
 import os
@@ -18,6 +19,7 @@ GZIP, ZSTD, PARQUET = b"\x1f\x8b", b"\x28\xb5\x2f\xfd", b"PAR1"
 ARROW_FILE, ARROW_STREAM = b"ARROW1", b"\xff\xff\xff\xff"  # the stream's continuation marker
 COLUMNAR = ("parquet", "arrow")
 READ_CHUNK = 1 << 20
+FEED = 1 << 14  # compressed bytes given to a zstd decompressor at a time
 
 
 @functools.lru_cache(maxsize=65536)
@@ -167,16 +169,17 @@ class ZstdReader(io.RawIOBase):
                 continue
             if not past_end:
                 self.before_end -= len(chunk)
-            pieces = []
-            while chunk:
+            pieces, view, at = [], memoryview(chunk), 0
+            while at < len(view):
                 if self.frame is None or self.frame.eof:
                     self.frame = self.context.decompressobj()
+                piece = view[at : at + FEED]  # a failed piece loses its output: keep them small
                 try:
-                    pieces.append(self.frame.decompress(chunk))
+                    pieces.append(self.frame.decompress(piece))
                 except zstd.ZstdError as e:
                     self.failed = EOFError(f"damaged zstd data: {e}")
                     break
-                chunk = self.frame.unused_data if self.frame.eof else b""
+                at += len(piece) - (len(self.frame.unused_data) if self.frame.eof else 0)
             self.out = memoryview(b"".join(pieces))
             self.produced += len(self.out)
         n = min(len(buffer), len(self.out))
@@ -199,6 +202,98 @@ def open_bytes(path: str, start: int = 0, end: int | None = None) -> BinaryIO:
     if found == "zstd":
         return io.BufferedReader(ZstdReader(path, start, end), READ_CHUNK)
     return open(path, "rb")  # noqa: SIM115 (the caller closes it)
+
+
+PROBE, FINE = 1 << 16, 256  # compressed bytes fed at a time when finding a stream's damage
+
+
+def lost_bytes(path: str, start: int = 0, end: int | None = None) -> tuple[int, int | None]:
+    """For a gzip or zstd stream whose reader failed: (decompressed bytes before the damage in
+    the compressed bytes [start, end), decompressed bytes predicted lost after it). Damage in
+    the middle loses the compressed bytes after it at the ratio of those before; a stream cut
+    short loses what its zstd frame header says the frame held, and None where no header says
+    (gzip records its length only in its last bytes). Found by decompressing the range again,
+    in pieces (a decompressor fails a whole piece), and once more in small pieces near the
+    damage, so only for a stream known to be damaged."""
+    end = os.path.getsize(path) if end is None else end
+    found = _decode(path, start, end, None)
+    if found.damaged_at is not None:
+        found = _decode(path, start, end, found.damaged_at)
+    if found.damaged_at is not None:  # what followed the last output is lost, at its ratio
+        before = found.output_end - start
+        if not (before and found.decoded):
+            return found.decoded, None
+        return found.decoded, round((end - found.output_end) * found.decoded / before)
+    if found.frame_start is None:  # every frame whole
+        return found.decoded, 0
+    size = content_size(path, found.frame_start) if kind(path) == "zstd" else None
+    return found.decoded, None if size is None else max(0, size - found.frame_decoded)
+
+
+@dataclasses.dataclass
+class _Decoded:
+    decoded: int = 0  # decompressed bytes before the damage
+    damaged_at: int | None = None  # the compressed offset of the piece that failed
+    output_end: int = 0  # the compressed offset where the last output came (a block ended)
+    frame_start: int | None = None  # of the frame (gzip member) the data ended inside
+    frame_decoded: int = 0  # of that frame
+
+
+def _decode(path: str, start: int, end: int, fine_from: int | None) -> _Decoded:
+    """Decompress [start, end) in pieces, small ones from `fine_from` on, until damage."""
+    import zlib
+
+    zstd = kind(path) == "zstd"
+    errors = (zstandard().ZstdError,) if zstd else (zlib.error,)
+    result = _Decoded(output_end=start)
+    decoder, offset, data = None, start, b""
+    with open(path, "rb") as f:
+        while True:
+            if not data:
+                want = PROBE if fine_from is None or offset < fine_from - PROBE else FINE
+                data = (
+                    os.pread(f.fileno(), min(want, end - offset), offset) if offset < end else b""
+                )
+                if not data:
+                    break
+            if decoder is None or decoder.eof:
+                decoder = (
+                    zstandard().ZstdDecompressor().decompressobj()
+                    if zstd
+                    else zlib.decompressobj(wbits=31)
+                )
+                result.frame_start, result.frame_decoded = offset, 0
+            try:
+                out = decoder.decompress(data)
+            except errors:
+                result.damaged_at = offset
+                return result
+            result.decoded += len(out)
+            result.frame_decoded += len(out)
+            rest = decoder.unused_data if decoder.eof else b""
+            offset += len(data) - len(rest)
+            data = rest
+            if out:
+                result.output_end = offset
+    if decoder is None or decoder.eof:
+        result.frame_start = None
+    return result
+
+
+def decoded_head(path: str, compressed: int) -> int:
+    """The decompressed bytes of a gzip or zstd file's first `compressed` bytes."""
+    return _decode(path, 0, compressed, None).decoded
+
+
+def content_size(path: str, frame_start: int) -> int | None:
+    """The decompressed size a zstd frame's header records, or None where it records none."""
+    with open(path, "rb") as f:
+        head = os.pread(f.fileno(), 18, frame_start)
+    try:
+        size = zstandard().get_frame_parameters(head).content_size
+    except zstandard().ZstdError:
+        return None
+    return None if size >= zstandard().CONTENTSIZE_ERROR else size
 
 
 zstd_frames_cached = functools.lru_cache(maxsize=64)(zstd_frames)  # read by each span's reader

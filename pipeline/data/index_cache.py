@@ -17,6 +17,7 @@ from typing import TypedDict
 
 from pipeline.config import PipelineConfig
 from pipeline.core import files, log, provenance
+from pipeline.core.errors import ConfigError
 from pipeline.core.paths import RunPaths
 from pipeline.data import datasets, mixture, sources
 
@@ -49,9 +50,13 @@ def build(cfg: PipelineConfig, made_from: dict) -> IndexRecord:
     started = time.time()
     manifest = datasets.load_manifest(paths)
     datasets.check_data(cfg, manifest)
-    files.remove_tree(paths.index_cache, paths.root)  # no marker: nothing in it is trusted
-    for line in mixture.epoch_lines(cfg, mixture.train_tokens(manifest)):
+    counted = mixture.train_tokens(manifest)
+    for line in mixture.epoch_lines(cfg, counted):
         _log.info(line)
+    problem = mixture.too_many_epochs(cfg, (counted, None))  # the count, not the estimate
+    if problem:
+        raise ConfigError(problem)
+    files.remove_tree(paths.index_cache, paths.root)  # no marker: nothing in it is trusted
     train = datasets.train_dataset(cfg, manifest)
     marker: IndexRecord = {
         "made_from": made_from,

@@ -194,6 +194,7 @@ def _read_at_most(f: BinaryIO, limit: int) -> bytes:
 def _read_jsonl(span: Span, text_key: str, max_document_bytes: int) -> Iterator[Document | Reject]:
     first_line: int | None = None
     index = -1
+    found = formats.kind(span.path)
 
     def line_number() -> int:
         nonlocal first_line
@@ -204,13 +205,14 @@ def _read_jsonl(span: Span, text_key: str, max_document_bytes: int) -> Iterator[
     try:
         f, offset, belongs = _open(span)
     except TRUNCATED as e:  # inside the line that runs on from the frames before
-        yield Reject(
-            span.path, _first_line_number(span) - 1, f"truncated_{formats.kind(span.path)}", str(e)
-        )
+        line = _first_line_number(span) - 1
+        yield Reject(span.path, line, f"truncated_{found}", str(e), lost=_lost(span, 0, 0))
         return
+    read_to = offset  # the decompressed bytes read as lines
     with f:
         try:
-            for index, (_, raw) in enumerate(_lines(f, offset, belongs, max_document_bytes)):  # noqa: B007
+            lines = _lines(f, offset, belongs, max_document_bytes)
+            for index, (start, raw) in enumerate(lines):  # noqa: B007
                 if raw is None:
                     yield Reject(
                         span.path, line_number(), "too_large", f"> {max_document_bytes} bytes"
@@ -218,6 +220,7 @@ def _read_jsonl(span: Span, text_key: str, max_document_bytes: int) -> Iterator[
                     continue
                 if not raw.endswith(b"\n") and getattr(f.raw, "cut_short", False):
                     break  # ended by damage in the next span's frames, which reports it
+                read_to = start + len(raw)
                 parsed = _parse(raw, text_key)
                 if isinstance(parsed, tuple):
                     yield Reject(span.path, line_number(), *parsed)
@@ -225,4 +228,20 @@ def _read_jsonl(span: Span, text_key: str, max_document_bytes: int) -> Iterator[
                     yield Document(parsed, len(raw))
         except TRUNCATED as e:
             index += 1
-            yield Reject(span.path, line_number(), f"truncated_{formats.kind(span.path)}", str(e))
+            lost = _lost(span, index, read_to - offset)
+            yield Reject(span.path, line_number(), f"truncated_{found}", str(e), lost=lost)
+
+
+def _lost(span: Span, lines: int, read: int) -> int | None:
+    """The records of a damaged stream's span from the damage on, the damaged one included:
+    the decompressed bytes past the `read` bytes of its first `lines` lines (those the damage
+    kept from the reader, and those predicted after it), at the bytes a line of those (None:
+    cannot be told)."""
+    zstd = formats.kind(span.path) == "zstd"
+    before, after = formats.lost_bytes(span.path, *((span.start, span.end) if zstd else (0, None)))
+    if after is None:
+        return None
+    unread = max(0, before + after - read)
+    if not unread:
+        return 1
+    return 1 + round(unread * lines / read) if lines and read else None

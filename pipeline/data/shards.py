@@ -5,7 +5,7 @@ Deterministic for a given file list and shard count: the files in corpus order
 format allows (pipeline.data.formats.units): plain JSONL anywhere (its readers align to lines),
 Parquet between row groups, zstd between frames; gzip, Arrow and text files go whole. The plan is written once into the run, so a rerun reads exactly
 what the first run planned. Which split a document goes to does not depend on the plan
-(pipeline.data.splits).
+(pipeline.data.split_assignment).
 """
 
 from __future__ import annotations
@@ -97,6 +97,8 @@ def plan(paths: RunPaths, data: DataConfig) -> list[list[Span]]:
     ):
         saved = None  # a plan no task has tokenized anything of yet is made again, not kept
     if saved is None:
+        if merged := sources.merged_names(paths, data):
+            _log.warning(f"warning: {merged}")
         for _, path in listed:
             if warning := formats.misnamed(path):
                 _log.warning(f"warning: {warning}")

@@ -73,10 +73,31 @@ def matches(pattern: str) -> list[str]:
 
 
 def files(paths: RunPaths, data: DataConfig) -> list[tuple[str, str]]:
-    """(source name, path) of every corpus file, in corpus order. A file that two sources
-    name is a ConfigError (its documents would be counted twice)."""
-    owner: dict[str, str] = {}
+    """(source name, path) of every corpus file, in corpus order: each file once, under the
+    first of its names (pipeline.config.inputs.identity). A file that two sources name is a
+    ConfigError (its documents would be counted twice)."""
+    return _listed(paths, data)[0]
+
+
+def merged_names(paths: RunPaths, data: DataConfig) -> str | None:
+    """One warning line naming the files that the inputs name more than once (a symlink, a
+    hard link, two globs), each read once; None when every file has one name."""
+    merged = _listed(paths, data)[1]
+    if not merged:
+        return None
+    groups = [f"{kept} (also {', '.join(others)})" for kept, others in sorted(merged.items())]
+    shown = "; ".join(groups[:3]) + (f"; and {len(groups) - 3} more" if len(groups) > 3 else "")
+    return (
+        f"{_inputs_key(data)}: {len(groups)} file(s) named more than once (a link, or two "
+        f"globs) are read once each: {shown}"
+    )
+
+
+def _listed(paths: RunPaths, data: DataConfig) -> tuple[list[tuple[str, str]], dict[str, list]]:
+    """The corpus files in order, and each file read under one name -> its other names."""
+    owner: dict[tuple[int, int], tuple[str, str]] = {}  # identity -> (source, name read)
     ordered: list[tuple[str, str]] = []
+    merged: dict[str, list[str]] = {}
     for source in of(data):
         found = (
             {p for pattern in source.inputs for p in matches(pattern)}
@@ -84,14 +105,22 @@ def files(paths: RunPaths, data: DataConfig) -> list[tuple[str, str]]:
             else {str(paths.builtin_corpus)}
         )
         for path in sorted(found):
-            if path in owner:
+            real = inputs.identity(path) if source.inputs else (-1, -1)  # built in: not yet made
+            same = owner.setdefault(real, (source.name, path))
+            if same[0] != source.name:
                 raise ConfigError(
-                    f"data.sources: {path} is in both {owner[path]} and {source.name}; "
+                    f"data.sources: {path} is in both {same[0]} and {source.name}; "
                     "give each file to one source"
                 )
-            owner[path] = source.name
+            if same[1] != path:
+                merged.setdefault(same[1], []).append(path)
+                continue
             ordered.append((source.name, path))
-    return ordered
+    return ordered, merged
+
+
+def _inputs_key(data: DataConfig) -> str:
+    return "data.sources" if data.sources else "data.inputs"
 
 
 def portable(path: str, root: Path) -> str:

@@ -1,5 +1,5 @@
 """Tokenize one shard of the corpus into Megatron indexed datasets (.bin/.idx), one for each
-split of each source (pipeline.data.split_files).
+split of each source (pipeline.data.split_outputs).
 
 Byte-compatible with Megatron-LM's tools/preprocess_data.py (GPTSentencePieceTokenizer,
 --append-eod): one sequence per document, the end-of-document id appended, in the bytes that
@@ -29,10 +29,12 @@ from pipeline.config import DataConfig, PipelineConfig
 from pipeline.core import files, log, provenance
 from pipeline.core.paths import RunPaths
 from pipeline.data import corpus, shards, sources
+from pipeline.data.documents import source_where_key
 from pipeline.data.pieces import PieceEncoder
 from pipeline.data.records import BadRecord, Document, Filtered, Reject, Span
-from pipeline.data.split_files import FileRecord, OneFile, SplitFiles
-from pipeline.data.splits import Splitter, digest
+from pipeline.data.rejects import PREDICTED_LOST, UNKNOWN_LOSS
+from pipeline.data.split_assignment import Splitter, digest
+from pipeline.data.split_outputs import FileRecord, OneFile, SplitFiles
 from pipeline.data.tokenizer import load
 
 _log = log.get()
@@ -86,6 +88,8 @@ def _batches(
                 continue
             batch.items.append(item)
             read_here["documents" if isinstance(item, Document) else item.reason] += 1
+            if isinstance(item, Reject) and item.lost != 1:
+                _count_loss(item, read_here)
             if isinstance(item, Document):
                 batch.digests.append(digest(item.text))
                 batch.text_bytes += item.source_bytes
@@ -96,6 +100,18 @@ def _batches(
                 batch = Batch(span.source, [], [])
     if batch.items:
         yield batch
+
+
+def _count_loss(damaged: Reject, read_here: Counter) -> None:
+    """A damaged file's loss past its one reject, counted (pipeline.data.rejects weighs it) and
+    said where the task's log shows it."""
+    if damaged.lost is None:
+        read_here[UNKNOWN_LOSS] += 1
+        said = "how many records it lost cannot be told (no record of the stream's length)"
+    else:
+        read_here[PREDICTED_LOST] += damaged.lost - 1
+        said = f"~{damaged.lost - 1:,} more records lost after it, predicted from those before"
+    _log.warning(f"warning: {damaged.where()}: {damaged.reason}: {said}")
 
 
 def _prefetched(it: Iterator, depth: int = 2) -> Iterator:
@@ -374,10 +390,15 @@ def tokenize_shard(
     }
     files.write_json(paths.shard_marker(index), marker)
     mb = marker["bytes_in"] / 1e6
+    filtered = "".join(
+        f", {n:,} rows left out by {source_where_key(name)}"
+        for name, n in sorted(counts.filtered.items())
+        if n
+    )
     _log.info(
         f"shard {index}: {marker['documents']} documents, {marker['tokens']} tokens, "
         f"{mb:.1f} MB in {marker['seconds']:.1f} s ({mb / max(marker['seconds'], 1e-9):.2f} MB/s), "
-        f"{sum(rejected.values())} rejected, max RSS {marker['max_rss_mb']:.0f} MB"
+        f"{sum(rejected.values())} rejected{filtered}, max RSS {marker['max_rss_mb']:.0f} MB"
     )
     return marker
 

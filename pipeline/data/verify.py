@@ -19,13 +19,15 @@ from typing import TypedDict
 import numpy as np
 
 from pipeline.config import PipelineConfig
-from pipeline.core import files, provenance
+from pipeline.core import files, log, provenance
 from pipeline.core.paths import RunPaths
 from pipeline.data import dedup, rejects, shards, sources
 from pipeline.data.indexed import CorruptIndex, read_index
 from pipeline.data.merge import merge
-from pipeline.data.splits import DIGEST_BYTES, SPLITS
+from pipeline.data.split_assignment import DIGEST_BYTES, SPLITS
 from pipeline.data.tokenize import is_shard_complete
+
+_log = log.get()
 
 
 class CorruptShard(RuntimeError):
@@ -135,7 +137,10 @@ def verify(cfg: PipelineConfig, made_from: dict) -> Manifest:
     started = time.time()
     tok = files.read_json(paths.tokenizer_meta)
     markers = _checked_shards(paths, cfg, made_from["inputs"]["tokenize"], tok["vocab_size"])
-    rejects.refuse_rejects(cfg.data, markers, paths)
+    for line in rejects.refuse_rejects(cfg.data, markers, paths):
+        _log.warning(line)
+    for line in rejects.filtered_out(cfg.data, markers):
+        _log.info(line)
     names = [s.name for s in sources.of(cfg.data)]
     by_split = _split_files(markers, names)
     removed: dict[str, Counter] = {"documents": Counter(), "tokens": Counter()}
@@ -181,6 +186,12 @@ def verify(cfg: PipelineConfig, made_from: dict) -> Manifest:
             },
             "rejected": dict(rejected),
             "filtered": sum(r["filtered"] for r in described.values()),
+            # records damaged files are predicted to have lost past their one reject each
+            rejects.PREDICTED_LOST: sum(
+                read.get(rejects.PREDICTED_LOST, 0)
+                for m in markers
+                for read in m.get("inputs", {}).values()
+            ),
             "duplicates": {k: sum(removed[k].values()) for k in ("documents", "tokens")},
             "split_documents": {
                 s: sum(r["split_documents"][s] for r in described.values()) for s in SPLITS

@@ -19,8 +19,7 @@ from pipeline.config.derived import settled
 from pipeline.core import files, log, provenance
 from pipeline.core.paths import RunPaths
 from pipeline.data import evalsets, sources
-from pipeline.data.datasets import check_sources, load_manifest
-from pipeline.data.splits import check_splits
+from pipeline.data.datasets import check_sources, check_splits, load_manifest
 from pipeline.data.tokenizer import load
 from pipeline.evaluation import harness
 from pipeline.evaluation.generate import continuation

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from pipeline.config import PipelineConfig, TokenizerConfig
 from pipeline.config.derived import settled, slurm_minutes, trains_on_gpu, world_size
+from pipeline.config.split_weights import Split
 from pipeline.core.errors import ConfigError
 from pipeline.core.paths import RunPaths
 from pipeline.data import mixture, rejects, shards
@@ -50,7 +51,12 @@ def check_stage_inputs(cfg: PipelineConfig) -> None:
         shards.refuse_earlier_format(data)
     redone = forced in ("tokenizer", "tokenize", "verify")
     if data.manifest.exists() and not redone and {"train", "evaluate"} & set(cfg.stages):
-        check_data(cfg, load_manifest(data))
+        manifest = load_manifest(data)
+        # another data.split is a change of the tokenized data: the rerun check names it and
+        # force=tokenize, rather than sizing the splits cut with the old one
+        same = Split.of(cfg.data.split).weights == Split.of(manifest["split"]).weights
+        if same or cfg.data.prepared:
+            check_data(cfg, manifest)
     reads_checkpoint = {"evaluate", "export"} & set(cfg.stages) and "train" not in cfg.stages
     named = str(cfg.eval.checkpoint) in ("best", "latest")
     if reads_checkpoint and named and not paths.checkpoints.exists():

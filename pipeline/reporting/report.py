@@ -65,6 +65,16 @@ def _data_section(manifest: dict, weights: dict[str, float]) -> list[tuple]:
                 ),
                 ("shards", len(manifest.get("shards", []))),
                 ("rejected records", ", ".join(f"{k}: {v}" for k, v in rejected.items()) or 0),
+                *(
+                    [("records lost to damaged files (predicted)", total["predicted_lost"])]
+                    if total.get("predicted_lost")
+                    else []
+                ),
+                *(
+                    [("rows left out by row filters", total["filtered"])]
+                    if total.get("filtered")
+                    else []
+                ),
                 (
                     "duplicates removed",
                     f"{total.get('duplicates', {}).get('documents', 0)} documents "

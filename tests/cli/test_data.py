@@ -176,9 +176,15 @@ def test_a_split_too_small_to_train_is_refused_before_training_not_when_tokenizi
     assert refused.stderr == (
         f"error: data.split: the validation split has {validation} tokens, fewer than one "
         "sequence of model.seq_length+1=65; give validation a larger share of "
-        "data.split='90,2,8', or more data\n"
+        "data.split='90,2,8' and tokenize again (force=tokenize: each document's split is "
+        "decided when it is tokenized), or give more data\n"
     )
     assert not (workdir / "index-cache").exists() and not (workdir / "train").exists()
+    # as advised: the change is judged as a change of the tokenized data, not sized by the old
+    resplit = cli(*common[:-2], "data.split='70,20,10'", common[-1])
+    assert resplit.returncode == 2 and resplit.stderr.count("\n") == 1, resplit.stderr
+    assert resplit.stderr.startswith("error: tokenize: ") and "force=tokenize" in resplit.stderr
+    assert "data.split=90,2,8 (now 70,20,10)" in resplit.stderr
 
 
 def old_run(tmp_path: Path) -> Path:

@@ -12,6 +12,7 @@ import random
 from pathlib import Path
 
 import pytest
+import zstandard
 
 from tests.conftest import cli
 
@@ -89,6 +90,30 @@ def test_more_bad_records_than_max_reject_fraction_stop_the_run_until_accepted(t
     assert accepted.returncode == 0, accepted.stderr[-3000:]
     total = json.loads((tmp_path / "run" / "data" / "manifest.json").read_text())["total"]
     assert total["documents"] == 97 and total["rejected"] == {"malformed_json": 3}
+
+
+def test_a_truncated_stream_weighs_what_it_lost_and_says_so(tmp_path):
+    """Cut short after about 40% of its 536 documents: one reject standing for the documents
+    lost, warned about by the tokenize task, past data.max_reject_fraction until accepted."""
+    packed = zstandard.ZstdCompressor().compress(documents(536))
+    corpus = tmp_path / "cut.jsonl.zst"
+    corpus.write_bytes(packed[: len(packed) * 39 // 100])
+    result = tokenize(tmp_path / "run", [corpus])
+    assert result.returncode == 1
+    said = error_line(result)
+    assert said.startswith("error: data.max_reject_fraction: ") and "lost to damaged files" in said
+    rejected, read = (
+        int(n.replace(",", "")) for n in said.split(": ")[2].split(" records")[0].split(" of ")
+    )
+    assert read == 536 or abs(read - 536) <= 536 * 0.05, said  # predicted, not counted as 1
+    assert rejected > 536 // 2
+    warned = [line for line in result.stderr.splitlines() if "truncated_zstd" in line]
+    assert warned and warned[0].startswith(f"warning: {corpus}:")
+    accepted = tokenize(tmp_path / "run", [corpus], "data.max_reject_fraction=1")
+    assert accepted.returncode == 0, accepted.stderr[-3000:]
+    assert f"warning: {corpus} is damaged (truncated_zstd 1): ~" in accepted.stderr
+    total = json.loads((tmp_path / "run" / "data" / "manifest.json").read_text())["total"]
+    assert total["predicted_lost"] > 536 // 2 and total["rejected"] == {"truncated_zstd": 1}
 
 
 def test_data_strict_stops_at_the_first_bad_record_in_one_line(tmp_path):

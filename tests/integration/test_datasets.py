@@ -13,7 +13,7 @@ from pipeline.config import ConfigError
 from pipeline.core.paths import RunPaths
 from pipeline.data import datasets, evalsets
 from pipeline.data.dedup import DIGEST
-from pipeline.data.splits import SPLITS
+from pipeline.data.split_assignment import SPLITS
 from pipeline.data.steps import INDEX
 from tests.conftest import SMALL, make_config
 
@@ -71,6 +71,19 @@ def test_a_split_too_small_for_one_sequence_is_refused_quickly(tokenized):
     with pytest.raises(ConfigError, match="data.split: the validation split has"):
         INDEX.run(cfg)
     assert time.time() - started < 5
+
+
+def test_the_index_step_refuses_a_budget_past_max_epochs_by_the_count(tokenized):
+    """The plan refuses on an estimate only far past data.max_epochs; the count decides."""
+    manifest = datasets.load_manifest(RunPaths.of(tokenized.workdir))
+    tokens = manifest["sources"]["corpus"]["split_tokens"]["train"]
+    t = tokenized.train
+    epochs = t.steps * t.global_batch_size * tokenized.model.seq_length / tokens
+    data = dataclasses.replace(tokenized.data, max_epochs=epochs / 1.2)
+    cfg = dataclasses.replace(tokenized, data=data)
+    with pytest.raises(ConfigError, match=r"^train.steps: .* more than data.max_epochs="):
+        INDEX.run(cfg)
+    assert not RunPaths.of(cfg.workdir).index_done.exists()
 
 
 def test_the_index_step_builds_the_cache_for_this_config_and_redoes_it_when_it_changes(run_copy):

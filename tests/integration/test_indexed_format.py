@@ -14,7 +14,7 @@ from megatron.core.datasets.indexed_dataset import DType, IndexedDataset, Indexe
 
 from pipeline.core.paths import RunPaths
 from pipeline.data import shards, sources, tokenizer
-from pipeline.data.splits import SPLITS, Splitter, digest
+from pipeline.data.split_assignment import SPLITS, Splitter, digest
 from pipeline.data.steps import TOKENIZE, TOKENIZER
 from tests.conftest import make_config
 

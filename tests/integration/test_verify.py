@@ -9,7 +9,7 @@ from megatron.core.datasets.indexed_dataset import IndexedDataset
 from pipeline.core.paths import RunPaths
 from pipeline.data import datasets
 from pipeline.data.indexed import read_index
-from pipeline.data.splits import SPLITS
+from pipeline.data.split_assignment import SPLITS
 from pipeline.data.steps import VERIFY
 from tests.conftest import SMALL, make_config
 

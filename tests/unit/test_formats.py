@@ -4,8 +4,11 @@ in one reject after what could be read, row filters, text files, saved `datasets
 
 from __future__ import annotations
 
+import dataclasses
 import gzip
+import itertools
 import json
+import os
 import time
 from pathlib import Path
 
@@ -15,9 +18,11 @@ import pytest
 import zstandard
 
 from pipeline.config import row_filter
-from pipeline.core.errors import ConfigError
+from pipeline.config.split_weights import Split
+from pipeline.core.errors import ConfigError, StageError
 from pipeline.core.paths import RunPaths
 from pipeline.data import formats, shards, sources
+from pipeline.data.datasets import check_splits
 from pipeline.data.records import Document, Filtered, Reject, Span, read
 from tests.conftest import make_config
 
@@ -119,7 +124,8 @@ def test_a_damaged_parquet_file_is_one_reject_after_what_was_read(tmp_path):
     items = list(read(Span(str(path)), "text", 10**6))
     kept = documents(items)
     assert kept[:50] == [f"row {i}" for i in range(50)]  # the groups before the damage
-    assert [(r.line, r.reason) for r in items if isinstance(r, Reject)] == [(51, "damaged_parquet")]
+    [reject] = [r for r in items if isinstance(r, Reject)]
+    assert (reject.line, reject.reason, reject.lost) == (51, "damaged_parquet", 25)  # its group
     assert kept[50:] == [f"row {i}" for i in range(75, 100)]  # and the group after
 
 
@@ -141,6 +147,95 @@ def test_zstd_frames_are_units_and_a_truncated_frame_keeps_what_came_before(tmp_
     assert got == expected[: len(got)] and len(got) > 200  # each line once, in order
     [reject] = [r for r in items if isinstance(r, Reject)]
     assert reject.reason == "truncated_zstd" and reject.line == len(got) + 1
+
+
+def test_a_damaged_stream_stands_for_the_records_it_lost(tmp_path):
+    """A stream cut short or damaged is one reject weighing what it lost: its zstd frame's
+    recorded size, or the bytes after the damage at the ratio of those before; None where
+    nothing records it (a gzip or a zstd frame without its size, cut short)."""
+    import random
+
+    rng = random.Random(3)
+    lines = [
+        json.dumps({"text": " ".join(rng.choices(["alpha", "beta", "gamma"], k=rng.randint(9, 60)))})
+        .encode() + b"\n"
+        for _ in range(3000)
+    ]  # fmt: skip
+    stream = b"".join(lines)
+
+    def outcome(name: str, content: bytes) -> tuple[int, int | None]:
+        (tmp_path / name).write_bytes(content)
+        items = list(read(Span(str(tmp_path / name)), "text", 10**6))
+        [reject] = [r for r in items if isinstance(r, Reject)]
+        assert reject.reason.startswith("truncated_")
+        return len(documents(items)), reject.lost
+
+    sized = zstandard.ZstdCompressor().compress(stream)  # the frame records its size
+    kept, lost = outcome("cut.jsonl.zst", sized[: len(sized) * 2 // 5])
+    assert 200 < kept < 2800 and abs(kept + lost - 3000) <= 90  # a prediction
+    flipped = bytearray(sized)
+    flipped[len(sized) * 2 // 5 : len(sized) * 2 // 5 + 50] = b"\xff" * 50  # damage inside
+    kept, lost = outcome("damaged.jsonl.zst", bytes(flipped))
+    assert kept > 200 and abs(kept + lost - 3000) <= 90  # the blocks before it are kept
+    unsized = zstandard.ZstdCompressor(write_content_size=False).compress(stream)
+    assert outcome("unsized.jsonl.zst", unsized[: len(unsized) * 2 // 5])[1] is None
+    packed = gzip.compress(stream)
+    assert outcome("cut.jsonl.gz", packed[: len(packed) * 2 // 5])[1] is None
+    members = [gzip.compress(b"".join(lines[i : i + 1000])) for i in (0, 1000, 2000)]
+    broken = bytearray(members[1])
+    broken[2] = 9  # no compression method gzip knows: the second member is damaged
+    kept, lost = outcome("damaged.jsonl.gz", members[0] + bytes(broken) + members[2])
+    assert kept == 1000 and abs(lost - 2000) <= 200
+
+
+@pytest.fixture(scope="module")
+def same_documents(tmp_path_factory) -> tuple[Path, list[str]]:
+    """536 documents of the built-in corpus as JSONL, Parquet and zstd."""
+    from pipeline.data import corpus
+
+    folder = tmp_path_factory.mktemp("same")
+    texts = list(itertools.islice(corpus.documents(), 536))
+    jsonl = "".join(json.dumps({"text": t}) + "\n" for t in texts).encode()
+    (folder / "corpus.jsonl").write_bytes(jsonl)
+    write_parquet(folder / "corpus.parquet", texts, 4)
+    write_zstd(folder / "corpus.jsonl.zst", [jsonl[: len(jsonl) // 2], jsonl[len(jsonl) // 2 :]])
+    return folder, texts
+
+
+@pytest.mark.parametrize("tokenizer_at_hand", [True, False], ids=["tokenizer", "vocab-size"])
+def test_epochs_are_estimated_from_content_alike_for_jsonl_parquet_and_zstd(
+    tokenized, same_documents, tmp_path, tokenizer_at_hand
+):
+    """The same 536 documents as JSONL, Parquet and zstd: their tokens are estimated from a
+    sample of their text, whatever the bytes on disk; a budget that reads them ~2.7 times is
+    not refused under data.max_epochs=4, and one far past the limit still is."""
+    from pipeline.data import mixture
+    from pipeline.data.tokenizer import load
+
+    folder, texts = same_documents
+    model = RunPaths.of(tokenized.workdir).tokenizer_model
+    counted = sum(len(ids) + 1 for ids in load(model).encode(texts))  # as tokenize counts
+    given = [f"tokenizer.model={model}"] if tokenizer_at_hand else ["tokenizer.vocab_size=512"]
+    tolerance = 0.1 if tokenizer_at_hand else 0.35  # a tokenizer measured, or a typical one
+    steps = round(2.7 * counted * 0.9 / (8 * 64))  # ~2.7 epochs of the 90% training split
+    for name in ("corpus.jsonl", "corpus.parquet", "corpus.jsonl.zst"):
+        cfg = make_config(
+            tmp_path / f"run-{name}",
+            f"data.inputs=[{folder / name}]",
+            *given,
+            "model.seq_length=64",
+            "train.global_batch_size=8",
+            "train.micro_batch_size=8",
+            f"train.steps={steps}",
+            "data.max_epochs=4",
+        )
+        tokens, how = mixture.known_train_tokens(cfg)
+        share = Split.of(cfg.data.split).shares[0]
+        assert abs(tokens["corpus"] / share / counted - 1) < tolerance, (name, tokens, counted)
+        assert how.startswith("estimated from a sample")
+        assert mixture.too_many_epochs(cfg, (tokens, how)) is None, name
+        far = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, steps=steps * 3))
+        assert mixture.too_many_epochs(far, (tokens, how)).startswith("train.steps: "), name
 
 
 def test_text_files_are_one_document_each(tmp_path):
@@ -181,6 +276,41 @@ def test_row_filters_select_rows_and_count_the_rest(tmp_path):
             row_filter.parse(bad)
 
 
+def test_rows_a_filter_leaves_out_are_reported_and_a_filter_that_leaves_none_is_named(
+    tokenized, tmp_path, capsys
+):
+    from pipeline.data.steps import TOKENIZE, TOKENIZER, VERIFY
+
+    path = tmp_path / "web.parquet"
+    texts = [f"page {i} " + "word " * (i % 9) for i in range(300)]
+    write_parquet(path, texts, 3, lang=["en", "en", "de"] * 100)
+    model = f"tokenizer.model={RunPaths.of(tokenized.workdir).tokenizer_model}"
+
+    def tokenize(where: str):
+        cfg = make_config(
+            tmp_path / where.split("'")[1], f"data.inputs=[{path}]", f"data.where={where}", model
+        )
+        TOKENIZE.prepare(cfg)
+        for step in (TOKENIZER, TOKENIZE):
+            step.run(cfg)
+        return VERIFY.run(cfg)
+
+    manifest = tokenize("\"lang == 'en'\"")
+    assert manifest["total"]["documents"] == 200 and manifest["total"]["filtered"] == 100
+    said = capsys.readouterr().err
+    assert "rows left out by data.where" in said  # each tokenize task's line
+    assert "source corpus: data.where \"lang == 'en'\" left out 100 of 300 rows" in said
+    with pytest.raises(StageError) as refused:
+        tokenize("\"lang == 'fr'\"")
+    assert str(refused.value).startswith(
+        "data.where: \"lang == 'fr'\" left out all 300 rows of source corpus that were read"
+    )
+    few = {**manifest["sources"]["corpus"], "documents": 3, "filtered": 297}
+    few["split_tokens"] = {"train": 30, "validation": 2, "test": 2}
+    with pytest.raises(ConfigError, match=r"^data.where: left out 297 of the 300 rows of source"):
+        check_splits({"split": "90,5,5", "sources": {"corpus": few}}, 64, ("train",))
+
+
 def test_a_bad_filter_or_format_is_one_config_error_naming_the_key(tmp_path):
     (tmp_path / "x.jsonl").write_text('{"text": "a"}\n')
     base = (f"+data.sources.web={{inputs:[{tmp_path}/x.jsonl]}}", "data.inputs=[]")
@@ -190,6 +320,34 @@ def test_a_bad_filter_or_format_is_one_config_error_naming_the_key(tmp_path):
         make_config(tmp_path / "run", *base, "+data.sources.web.format=csv")
     with pytest.raises(ConfigError, match=r"^data.format: 'pdf'"):
         make_config(tmp_path / "run", f"data.inputs=[{tmp_path}/x.jsonl]", "data.format=pdf")
+
+
+def test_a_file_named_twice_is_one_input_read_once_with_one_warning(tmp_path, capsys):
+    folder = tmp_path / "in"
+    folder.mkdir()
+    first = [f"first {i}" for i in range(5)]
+    second = [f"second {i}" for i in range(3)]
+    (folder / "a.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in first))
+    (folder / "b.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in second))
+    os.symlink(folder / "a.jsonl", folder / "link.jsonl")
+    os.link(folder / "b.jsonl", folder / "hard.jsonl")
+    globs = f"data.inputs=[{folder}/*.jsonl,{folder}/../in/a.jsonl]"  # two globs reach a.jsonl
+    cfg = make_config(tmp_path / "run", globs, "data.num_shards=2")
+    listed = sources.files(RunPaths.of(cfg.workdir), cfg.data)
+    assert [Path(p).name for _, p in listed] == ["a.jsonl", "b.jsonl"]
+    plan = shards.plan(RunPaths.of(cfg.workdir), cfg.data)
+    assert sorted(documents(read_plan(plan))) == sorted(first + second)
+    [line] = [x for x in capsys.readouterr().err.splitlines() if "named more than once" in x]
+    assert line == (
+        "[plan] warning: data.inputs: 2 file(s) named more than once (a link, or two globs) are "
+        f"read once each: {folder}/a.jsonl (also {folder}/link.jsonl); "
+        f"{folder}/b.jsonl (also {folder}/hard.jsonl)"
+    )
+    linked = (f"+data.sources.web.inputs=[{folder}/a.jsonl]", "+data.sources.web.weight=1")
+    with pytest.raises(ConfigError, match=r"link.jsonl is in data.sources.web too"):
+        make_config(
+            tmp_path / "two", *linked, f"+data.sources.copy={{inputs:[{folder}/link.jsonl]}}"
+        )
 
 
 def test_ten_thousand_small_files_are_planned_in_seconds(tmp_path):

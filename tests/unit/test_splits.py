@@ -17,7 +17,7 @@ from pipeline.core.paths import RunPaths
 from pipeline.data import sources
 from pipeline.data.dedup import DIGEST, first_copies
 from pipeline.data.indexed import read_index
-from pipeline.data.splits import SPLITS, Splitter, digest
+from pipeline.data.split_assignment import SPLITS, Splitter, digest
 from pipeline.data.steps import TOKENIZE, TOKENIZER, VERIFY
 from tests.conftest import make_config
 

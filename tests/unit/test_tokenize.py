@@ -16,7 +16,7 @@ from pipeline.core.paths import RunPaths
 from pipeline.data import shards, tokenizer
 from pipeline.data.indexed import read_index
 from pipeline.data.records import BadRecord, Document, read
-from pipeline.data.splits import SPLITS
+from pipeline.data.split_assignment import SPLITS
 from pipeline.data.steps import TOKENIZE, TOKENIZER
 from tests.conftest import make_config
 

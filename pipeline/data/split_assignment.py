@@ -9,8 +9,7 @@ from __future__ import annotations
 import bisect
 import hashlib
 
-from pipeline.config.split import Split
-from pipeline.core.errors import ConfigError
+from pipeline.config.split_weights import Split
 
 SPLITS = ("train", "validation", "test")
 DIGEST_BYTES = 16  # of a document's text: the key of exact deduplication
@@ -34,21 +33,3 @@ class Splitter:
         """0, 1 or 2: the position of the document's split in SPLITS."""
         value = hashlib.blake2b(document_digest, digest_size=8, key=self.key).digest()
         return bisect.bisect_right(self.bounds, int.from_bytes(value, "little"))
-
-
-def check_splits(manifest: dict, seq_length: int, needed: tuple[str, ...]) -> None:
-    """Refuse a split that a stage reads but that is too small to give one sequence of every
-    source: megatron-core would loop forever on an empty one, and a loss over a few tokens says
-    nothing."""
-    need = seq_length + 1
-    many = len(manifest["sources"]) > 1
-    for name, source in manifest["sources"].items():
-        for split in needed:
-            tokens = source["split_tokens"][split]
-            if tokens < need:
-                of = f" of source {name}" if many else ""
-                raise ConfigError(
-                    f"data.split: the {split} split{of} has {tokens} tokens, fewer than one "
-                    f"sequence of model.seq_length+1={need}; give {split} a larger share of "
-                    f"data.split={manifest['split']!r}, or more data"
-                )

@@ -13,7 +13,7 @@ from typing import TypedDict
 from pipeline.core import files
 from pipeline.core.paths import RunPaths
 from pipeline.data.indexed import ShardWriter
-from pipeline.data.splits import SPLITS, Splitter
+from pipeline.data.split_assignment import SPLITS, Splitter
 
 SUFFIXES = (".bin", ".idx", ".digests")
 
@@ -84,7 +84,7 @@ class OutputFile:
 
 class SplitFiles:
     """Shard `index`'s files: for each of its sources, one per split. A document goes to the
-    split its digest decides (pipeline.data.splits)."""
+    split its digest decides (pipeline.data.split_assignment)."""
 
     def __init__(
         self, paths: RunPaths, index: int, sources: list[str], vocab_size: int, splitter: Splitter
