@@ -142,6 +142,13 @@ class RunPaths:
     def checkpoint_tracker(self) -> Path:
         return self.checkpoints / CHECKPOINT_TRACKER
 
+    def latest_checkpoint(self) -> str | None:
+        """The folder name latest.txt gives the newest complete checkpoint; None: none yet."""
+        try:
+            return self.checkpoint_tracker.read_text().strip() or None
+        except OSError:
+            return None
+
     @property
     def best_checkpoint_record(self) -> Path:
         return self.checkpoints / BEST_CHECKPOINT

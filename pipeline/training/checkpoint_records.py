@@ -14,8 +14,8 @@ def tracked_state(paths: RunPaths) -> dict | None:
     """state.json of the newest checkpoint: the one latest.txt names, else (that one deleted,
     say) the newest folder with a readable one. Not verified here: a resume verifies what it
     reads."""
-    tracker = paths.checkpoint_tracker
-    named = [paths.checkpoints / tracker.read_text().strip()] if tracker.is_file() else []
+    latest = paths.latest_checkpoint()
+    named = [paths.checkpoints / latest] if latest else []
     for folder in [*named, *sorted(paths.checkpoints.glob("iter_???????"), reverse=True)]:
         try:
             state = files.read_json_or_none(folder / "state.json")
@@ -34,8 +34,7 @@ def chosen(paths: RunPaths, choice: str) -> str | None:
     best = files.read_json_or_none(paths.best_checkpoint_record) if choice == "best" else None
     if best is not None:
         return best["name"]
-    tracker = paths.checkpoint_tracker
-    return tracker.read_text().strip() if tracker.is_file() else None
+    return paths.latest_checkpoint()
 
 
 def layout_problem(saved: dict | None, current: dict) -> tuple[str, str] | None:

@@ -22,7 +22,8 @@ from pipeline.core.steps import Interrupted
 from pipeline.data import datasets, evalsets, sources
 from pipeline.model import flops
 from pipeline.reporting.report import write_report
-from pipeline.runtime import placement, progress
+from pipeline.resilience import progress
+from pipeline.runtime import placement
 from pipeline.runtime.gpus import peak_tflops
 from pipeline.training import checkpoint, checkpoint_records
 from pipeline.training.engine import Engine

@@ -12,8 +12,8 @@ import subprocess
 import time
 
 from pipeline.core.paths import RunPaths
-from pipeline.runtime import progress
-from pipeline.runtime.watchdog import STARTUP_BOUND_S, first_stopped, limit_s
+from pipeline.resilience import progress
+from pipeline.resilience.watchdog import STARTUP_BOUND_S, first_stopped, limit_s
 from tests.cli.test_stragglers import TRAIN, named_stragglers
 from tests.conftest import copy_tokenized, launch, status
 

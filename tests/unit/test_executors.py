@@ -146,3 +146,14 @@ def test_submitit_is_used_by_the_executors_alone_and_its_private_api_by_slurm_al
         p for p, text in uses.items() if re.search(r"^\s*import submitit", text, re.M)
     )
     assert all(p.startswith("orchestration/") for p in submitit), submitit
+
+
+def test_slurm_s_commands_are_run_by_the_scheduler_adapter_alone():
+    package = ROOT / "pipeline"
+    command = re.compile(r"""["'](sbatch|scontrol|squeue|sinfo|scancel|sacct)["']\s*,""")
+    calling = sorted(
+        str(path.relative_to(package))
+        for path in package.rglob("*.py")
+        if command.search(path.read_text())
+    )
+    assert calling == ["resilience/scheduler.py"]

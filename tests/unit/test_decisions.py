@@ -1,10 +1,42 @@
 """What a training job does about a fault: requeue without the nodes at fault, stop when a
 restart made no progress, the restarts are spent or too few nodes would be left; outside
-Slurm, end the attempt."""
+Slurm, end the attempt. One decision function for both paths: a hand-written script's
+watchdog (no allocation to restart in) and the job's supervisor. The records before a fault
+are given as train/failures.jsonl held them before `decision` was written: the sentence alone."""
 
 from __future__ import annotations
 
-from pipeline.runtime.fault_actions import decide, decide_supervised
+from pipeline.resilience import decisions
+from pipeline.resilience.decisions import Allocation, Limits
+from pipeline.resilience.records import FaultRecord
+
+MANY = 100  # train.max_requeues, out of the way
+
+
+def _record(data: dict) -> FaultRecord:
+    return FaultRecord.from_json({"line": "", **data})
+
+
+def decide(
+    record: dict, before: list[dict], max_restarts: int, nodes: set[str] | None = None
+) -> tuple[str, list[str]]:
+    """A hand-written script's watchdog: `nodes`, those of the partition when known."""
+    where = Allocation(needed=record.get("job_nodes", 0), partition=nodes)
+    limits = Limits(max_restarts, MANY)
+    decision = decisions.decide(_record(record), [_record(r) for r in before], limits, where)
+    return decision.said, decision.aside
+
+
+def decide_supervised(
+    record: dict, before: list[dict], max_restarts: int, held: list[str], needed: int
+) -> tuple[str, list[str]]:
+    """The job's supervisor, holding `held` and needing `needed` of them an attempt."""
+    where = Allocation(needed=needed, held=held)
+    limits = Limits(max_restarts, MANY)
+    job = {"job": "7"}
+    before_records = [_record({**job, **r}) for r in before]
+    decision = decisions.decide(_record({**job, **record}), before_records, limits, where)
+    return decision.said, decision.aside
 
 
 def _fault(step: int, nodes: list[str], attempt: int = 1, job: str | None = "7", **more) -> dict:

@@ -1,33 +1,34 @@
 """The hang watchdog: one process per node of a training job, started by the node's first rank
-(pipeline.orchestration.tasks), apart from every rank so that none can block it. Once a second
-it reads the node's ranks' progress (pipeline.runtime.progress); when one has made none for
+(pipeline.resilience.guard), apart from every rank so that none can block it. Once a second
+it reads the node's ranks' progress (pipeline.resilience.progress); when one has made none for
 longer than its limit it names, in one line, the rank(s), node(s) and phase that stopped,
 has every rank of the node write its Python stack to its log, hands the fault to the job's
-supervisor (or records and acts on it itself, pipeline.runtime.fault_actions), and ends the attempt (SIGKILL to the node's ranks).
+supervisor (or records and acts on it itself, pipeline.resilience.decisions), and ends the
+attempt (SIGKILL to the node's ranks).
 
 The limit: cluster.hang_timeout_s when set; unset, ten times the slowest step measured in
 this attempt, at least a minute, and STARTUP_BOUND_S until a step has been measured. Start-up,
 loading, validation, saving and finishing are allowed at least STARTUP_BOUND_S whatever the
 setting: they may legitimately take minutes without a step.
 
-    python -m pipeline.runtime.watchdog WORKDIR NODE PARENT_PID ATTEMPT TIMEOUT_S|auto MAX_RESTARTS
-        supervisor|self
-
-(supervisor: the job's supervisor decides what to do about a hang; self: this process does)
+    python -m pipeline.resilience.watchdog SETTINGS_JSON     (a WatchdogSettings)
 """
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import sys
 import time
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from pipeline.core import log
 from pipeline.core.paths import RunPaths
-from pipeline.runtime import fault_actions, faults
-from pipeline.runtime.progress import SLOW_PHASES, STACKS_SIGNAL, Progress, read
+from pipeline.resilience import decisions, faults, scheduler
+from pipeline.resilience.progress import SLOW_PHASES, STACKS_SIGNAL, Progress, read
+from pipeline.resilience.records import FaultKind, FaultRecord
 
 STARTUP_BOUND_S = 900.0
 DERIVED_MIN_S = 60.0
@@ -37,6 +38,30 @@ GRACE_S = 5.0  # for the node that sees the stopped rank to record the fault fir
 STACKS_WAIT_S = 3.0  # for every rank to have written its stack before it is killed
 
 _log = log.get("watchdog")
+
+
+@dataclass(frozen=True)
+class WatchdogSettings:
+    """What a node's watchdog is told as it starts."""
+
+    workdir: str
+    node: str
+    parent_pid: int  # the node's first rank: the watchdog ends with it
+    attempt: int
+    timeout_s: float | None  # cluster.hang_timeout_s; None: derived from the steps
+    supervised: bool  # the job's supervisor decides what to do about a hang; else this process
+    max_restarts: int
+    max_requeues: int
+    job: str | None  # Slurm's job id, nodes and partition; None: not under Slurm
+    job_nodes: int
+    partition: str | None
+
+    def to_argv(self) -> list[str]:
+        return [sys.executable, "-m", "pipeline.resilience.watchdog", json.dumps(asdict(self))]
+
+    @classmethod
+    def from_argv(cls, argv: list[str]) -> WatchdogSettings:
+        return cls(**json.loads(argv[0]))
 
 
 def limit_s(report: Progress, timeout_s: float | None) -> float:
@@ -114,26 +139,19 @@ def dump_stacks(local: list[Progress]) -> None:
     time.sleep(STACKS_WAIT_S)
 
 
-def act(
-    local: list[Progress],
-    everyone: list[Progress],
-    timeout_s: float | None,
-    paths: RunPaths,
-    attempt: int,
-    max_restarts: int,
-    supervised: bool,
-) -> None:
+def act(local: list[Progress], everyone: list[Progress], settings: WatchdogSettings) -> None:
     """Name the ranks that stopped, dump the stacks, record and act, end the node's ranks. A
     node that sees one of its ranks stopped or stuck in I/O acts at once; the others wait a
     little for such a node's record, and only end their own ranks if one came."""
+    paths, timeout_s = RunPaths.of(settings.workdir), settings.timeout_s
     node = local[0].node
     since = min(r.at for r in local)
     evidence = first_stopped(local, node)
     if not any(process_state(r.pid) in ("T", "D") for r in evidence):
         time.sleep(GRACE_S)
-        if fault_actions.recorded_since(paths.failures_log, attempt, since) or faults.found_since(
-            paths.progress, since
-        ):
+        failures, job, attempt = paths.failures_log, settings.job, settings.attempt
+        recorded = decisions.recorded_since(failures, job, attempt, since)
+        if recorded or faults.found_since(paths.progress, since):
             _log.error(f"hang: ranks on {node} waited for another node's; ending them")
             dump_stacks(local)
             end(local)
@@ -151,25 +169,30 @@ def act(
     )
     _log.error(line)
     step = min(r.step for r in culprits)
-    lost = max(0, step - faults.checkpoint_step(paths.checkpoints))
+    lost = max(0, step - faults.checkpoint_step(paths))
     computed = lost * max(r.step_s for r in culprits)  # the steps to do again
-    record = {
-        "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
-        "attempt": attempt,
-        "kind": "hang",
-        "ranks": [r.rank for r in culprits],
-        "nodes": sorted({r.node for r in culprits}),
-        "phase": culprits[0].phase,
-        "step": step + 1,
-        "steps_lost": lost,
-        "seconds_lost": round(now - min(r.at for r in culprits) + computed, 1),
-        "line": line,
-    }
+    record = FaultRecord(
+        time=time.strftime("%Y-%m-%dT%H:%M:%S"),
+        attempt=settings.attempt,
+        kind=FaultKind.HANG,
+        ranks=[r.rank for r in culprits],
+        nodes=sorted({r.node for r in culprits}),
+        phase=culprits[0].phase,
+        step=step + 1,
+        steps_lost=lost,
+        seconds_lost=round(now - min(r.at for r in culprits) + computed, 1),
+        line=line,
+    )
     dump_stacks(local)
-    if supervised:  # the job's supervisor decides, with what the other nodes saw
+    if settings.supervised:  # the job's supervisor decides, with what the other nodes saw
         faults.write_finding(paths.progress, node, record)
     else:
-        fault_actions.handle(paths.failures_log, record, max_restarts)
+        record.job, record.job_nodes = settings.job, settings.job_nodes
+        limits = decisions.Limits(settings.max_restarts, settings.max_requeues)
+        partition = scheduler.partition_nodes(settings.partition) if settings.job else None
+        where = decisions.Allocation(needed=settings.job_nodes, partition=partition)
+        decision = decisions.act(paths.failures_log, record, limits, where)
+        _log.error(f"hang at step {record.step}: {decision.said}")
     end(local)
 
 
@@ -179,33 +202,23 @@ def end(local: list[Progress]) -> None:
             os.kill(r.pid, signal.SIGKILL)
 
 
-def watch(
-    paths: RunPaths,
-    node: str,
-    parent: int,
-    attempt: int,
-    timeout_s: float | None,
-    max_restarts: int,
-    supervised: bool,
-) -> None:
+def watch(settings: WatchdogSettings) -> None:
     # every rank rewrites its file as it starts: older reports are a previous attempt's
     since = time.time() - 60.0
-    while alive(parent):
+    progress_folder = RunPaths.of(settings.workdir).progress
+    while alive(settings.parent_pid):
         time.sleep(POLL_S)
-        everyone = [r for r in read(paths.progress) if r.at >= since]
-        local = [r for r in everyone if r.node == node and alive(r.pid)]
-        if local and stalled(local, timeout_s, time.time()):
-            act(local, everyone, timeout_s, paths, attempt, max_restarts, supervised)
+        everyone = [r for r in read(progress_folder) if r.at >= since]
+        local = [r for r in everyone if r.node == settings.node and alive(r.pid)]
+        if local and stalled(local, settings.timeout_s, time.time()):
+            act(local, everyone, settings)
             return
 
 
 def main(argv: list[str]) -> None:
-    workdir, node, parent, attempt, timeout, max_restarts, decider = argv
-    fixed = None if timeout == "auto" else float(timeout)
     # Slurm's requeue of this job ends its processes: this one finishes acting first
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    paths, supervised = RunPaths.of(workdir), decider == "supervisor"
-    watch(paths, node, int(parent), int(attempt), fixed, int(max_restarts), supervised)
+    watch(WatchdogSettings.from_argv(argv))
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """Each training rank says what it is doing: its phase (start, load, data, forward-backward,
 optimizer, validate, save) and step, with the wall time it entered it, in one small file of its
-own under train/progress/. The hang watchdog (pipeline.runtime.watchdog), a process apart,
+own under train/progress/. The hang watchdog (pipeline.resilience.watchdog), a process apart,
 reads these files; a rank stuck anywhere, in a collective included, stops updating its own.
 
 Cheap enough for every phase of every step: one pwrite of a fixed-size line into a file kept
@@ -20,6 +20,8 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+
+from pipeline.runtime.placement import node_name
 
 STACKS_SIGNAL = signal.SIGRTMIN + 3  # not SIGUSR1/2: Slurm's time-limit warning uses those
 RECORD_BYTES = 160
@@ -52,13 +54,6 @@ class Progress:
             return None  # not written yet
         at, step, phase, step_s, pid, node = fields
         return cls(float(at), int(step), phase, float(step_s), int(pid), node, rank)
-
-
-def node_name() -> str:
-    """The node as Slurm names it (several on one host in a test cluster), else the host."""
-    import socket
-
-    return os.environ.get("SLURMD_NODENAME") or socket.gethostname()
 
 
 class Reporter:
