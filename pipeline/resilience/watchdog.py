@@ -7,9 +7,11 @@ supervisor (or records and acts on it itself, pipeline.resilience.decisions), an
 attempt (SIGKILL to the node's ranks).
 
 The limit: cluster.hang_timeout_s when set; unset, ten times the slowest step measured in
-this attempt, at least a minute, and STARTUP_BOUND_S until a step has been measured. Start-up,
-loading, validation, saving and finishing are allowed at least STARTUP_BOUND_S whatever the
-setting: they may legitimately take minutes without a step.
+this attempt, at least a minute, and STARTUP_BOUND_S until a step has been measured. A save
+gets at least ten times the slowest save the run has measured (this attempt's, or one in
+train/metrics.jsonl), and STARTUP_BOUND_S until one is. Start-up, loading, validation and
+finishing are allowed at least STARTUP_BOUND_S whatever the setting: they may legitimately
+take minutes without a step.
 
     python -m pipeline.resilience.watchdog SETTINGS_JSON     (a WatchdogSettings)
 """
@@ -33,6 +35,7 @@ from pipeline.resilience.records import FaultKind, FaultRecord
 STARTUP_BOUND_S = 900.0
 DERIVED_MIN_S = 60.0
 DERIVED_STEPS = 10
+SAVES = 10  # a save may take this many times the slowest one measured
 POLL_S = 1.0
 GRACE_S = 5.0  # for the node that sees the stopped rank to record the fault first
 STACKS_WAIT_S = 3.0  # for every rank to have written its stack before it is killed
@@ -64,14 +67,55 @@ class WatchdogSettings:
         return cls(**json.loads(argv[0]))
 
 
-def limit_s(report: Progress, timeout_s: float | None) -> float:
-    """How long `report`'s phase may last without another report."""
+def limit_s(report: Progress, timeout_s: float | None, recorded_save_s: float = 0.0) -> float:
+    """How long `report`'s phase may last without another report; `recorded_save_s`: the
+    slowest save in train/metrics.jsonl (earlier attempts')."""
     if timeout_s is None:
         measured = report.step_s > 0
         timeout_s = max(DERIVED_MIN_S, DERIVED_STEPS * report.step_s) if measured else None
+    save_s = max(report.save_s, recorded_save_s)
+    if report.phase == "save" and save_s > 0:
+        return max(DERIVED_MIN_S if timeout_s is None else timeout_s, SAVES * save_s)
     if timeout_s is None or report.phase in SLOW_PHASES:
         return max(timeout_s or 0.0, STARTUP_BOUND_S)
     return timeout_s
+
+
+def plan_line(timeout_s: float | None, paths: RunPaths) -> str | None:
+    """The bounds, as the plan says them before a launch; None: no watchdog."""
+    if timeout_s == 0:
+        return None
+    steps = (
+        f"{timeout_s:g} s (cluster.hang_timeout_s)"
+        if timeout_s is not None
+        else f"{DERIVED_STEPS}x the slowest step, at least {DERIVED_MIN_S:.0f} s"
+    )
+    saved = recorded_save_s(paths)
+    saves = (
+        f"{max(timeout_s or DERIVED_MIN_S, SAVES * saved):.0f} s ({SAVES}x the slowest save "
+        f"recorded, {saved:.1f} s), or {SAVES}x a slower one measured"
+        if saved
+        else f"{STARTUP_BOUND_S:.0f} s until one is measured, then {SAVES}x the slowest"
+    )
+    return (
+        f"[plan] hang watchdog: a rank may make no progress for {steps} in a step; in a save "
+        f"{saves}; start-up, loading and validation {STARTUP_BOUND_S:.0f} s"
+    )
+
+
+def recorded_save_s(paths: RunPaths) -> float:
+    """The slowest checkpoint save train/metrics.jsonl records (0: none yet)."""
+    try:
+        lines = paths.metrics.read_text().splitlines()
+    except OSError:
+        return 0.0
+    slowest = 0.0
+    for line in lines:
+        try:
+            slowest = max(slowest, float(json.loads(line).get("checkpoint_total_s", 0.0)))
+        except (ValueError, TypeError, AttributeError):
+            continue  # a line cut short by a kill: the others still count
+    return slowest
 
 
 def process_state(pid: int) -> str | None:
@@ -94,8 +138,10 @@ def alive(pid: int) -> bool:
     return process_state(pid) is not None if sys.platform.startswith("linux") else True
 
 
-def stalled(reports: list[Progress], timeout_s: float | None, now: float) -> list[Progress]:
-    return [r for r in reports if now - r.at > limit_s(r, timeout_s) and alive(r.pid)]
+def stalled(
+    reports: list[Progress], timeout_s: float | None, now: float, saves_s: float = 0.0
+) -> list[Progress]:
+    return [r for r in reports if now - r.at > limit_s(r, timeout_s, saves_s) and alive(r.pid)]
 
 
 def first_stopped(reports: list[Progress], node: str) -> list[Progress]:
@@ -139,7 +185,9 @@ def dump_stacks(local: list[Progress]) -> None:
     time.sleep(STACKS_WAIT_S)
 
 
-def act(local: list[Progress], everyone: list[Progress], settings: WatchdogSettings) -> None:
+def act(
+    local: list[Progress], everyone: list[Progress], settings: WatchdogSettings, saves_s: float
+) -> None:
     """Name the ranks that stopped, dump the stacks, record and act, end the node's ranks. A
     node that sees one of its ranks stopped or stuck in I/O acts at once; the others wait a
     little for such a node's record, and only end their own ranks if one came."""
@@ -159,8 +207,11 @@ def act(local: list[Progress], everyone: list[Progress], settings: WatchdogSetti
     now = time.time()
     culprits = first_stopped(everyone or local, node)
     waiting = [r for r in everyone if r not in culprits]
-    limit = max(limit_s(r, timeout_s) for r in culprits)
+    limit = max(limit_s(r, timeout_s, saves_s) for r in culprits)
     setting = f"cluster.hang_timeout_s={timeout_s:g}" if timeout_s is not None else "derived"
+    slowest_save = max([saves_s, *(r.save_s for r in culprits)])
+    if culprits[0].phase == "save" and slowest_save > 0 and limit == SAVES * slowest_save:
+        setting = f"{SAVES}x the slowest save, {slowest_save:.1f} s"
     line = (
         f"hang: no progress for {limit:.0f} s ({setting}): "
         + "; ".join(describe(r, now, node) for r in culprits)
@@ -205,13 +256,14 @@ def end(local: list[Progress]) -> None:
 def watch(settings: WatchdogSettings) -> None:
     # every rank rewrites its file as it starts: older reports are a previous attempt's
     since = time.time() - 60.0
-    progress_folder = RunPaths.of(settings.workdir).progress
+    paths = RunPaths.of(settings.workdir)
+    saves_s = recorded_save_s(paths)  # the earlier attempts'; this one's come in the reports
     while alive(settings.parent_pid):
         time.sleep(POLL_S)
-        everyone = [r for r in read(progress_folder) if r.at >= since]
+        everyone = [r for r in read(paths.progress) if r.at >= since]
         local = [r for r in everyone if r.node == settings.node and alive(r.pid)]
-        if local and stalled(local, settings.timeout_s, time.time()):
-            act(local, everyone, settings)
+        if local and stalled(local, settings.timeout_s, time.time(), saves_s):
+            act(local, everyone, settings, saves_s)
             return
 
 

@@ -248,6 +248,7 @@ class Trainer(Engine):
         """A checkpoint that is now complete: its times into the metrics and the log."""
         if record is None:
             return
+        progress.save_took(record["checkpoint_total_s"])
         self.metrics.record(record)
         _log.info(
             f"checkpoint of step {record['step']} complete: training waited "

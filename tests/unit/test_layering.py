@@ -41,7 +41,16 @@ BELOW = {
         "reporting",
         "tracking",
     },
-    "planning": {"core", "config", "runtime", "data", "model", "training", "reporting"},
+    "planning": {
+        "core",
+        "config",
+        "runtime",
+        "resilience",
+        "data",
+        "model",
+        "training",
+        "reporting",
+    },
     "exporting": {"core", "config", "runtime", "data", "model", "training"},
 }
 BELOW["orchestration"] = set(BELOW) | {"planning"}
