@@ -27,6 +27,14 @@ from pipeline.runtime import placement
 from pipeline.runtime.gpus import peak_tflops
 from pipeline.training import checkpoint, checkpoint_records
 from pipeline.training.engine import Engine
+from pipeline.training.hooks import (
+    CheckpointHook,
+    ProfilerHook,
+    ProgressHook,
+    SignalHook,
+    StepHooks,
+    StragglerHook,
+)
 from pipeline.training.metrics import MetricsLog, Throughput, console_line
 from pipeline.training.profiling import StepProfiler
 from pipeline.training.saver import CheckpointSaver
@@ -306,23 +314,19 @@ class Trainer(Engine):
         iterators = self.iterators(train_ds, self.state.consumed_samples, micro)
         iterators = [progress.reporting(batches) for batches in iterators]
         self.metrics.open_tensorboard(self.state.step)
-        stragglers = StragglerWatch(cfg.cluster.straggler_threshold, self.device)
-        profiler = StepProfiler(list(t.profile_steps), self.paths.profile, self.is_logger)
+        hooks = self._step_hooks(stop)
         window_seconds, window_steps = 0.0, 0
         tokens_per_step = t.global_batch_size * cfg.model.seq_length
         while self.state.step < t.steps:
-            profiler.step_starts(self.state.step + 1)
-            progress.phase("data", self.state.step)
+            hooks.before(self.state.step + 1)
             started = time.time()
-            with stragglers.step():
+            with hooks.during():
                 loss, grad_norm, updated = self.iteration(iterators)  # reading the loss syncs
             took = time.time() - started
             window_seconds += took
-            progress.step_took(took)
             st = self.state
             st.step += 1
-            profiler.step_ends(st.step)
-            self._saved(self.saver.poll())  # a checkpoint written meanwhile is completed
+            hooks.after(st.step, took)
             st.consumed_samples += t.global_batch_size
             st.tokens += tokens_per_step
             if updated:
@@ -345,7 +349,7 @@ class Trainer(Engine):
                     "lr": self.optimizer.param_groups[0]["lr"],
                     "skipped_steps": st.skipped_steps,
                     **self.throughput.over(window_steps, window_seconds),
-                    **stragglers.interval(st.step, window_seconds),
+                    **hooks.interval(st.step, window_seconds),
                 }
                 self.metrics.record(record)
                 _log.info(console_line(record, t.steps))
@@ -356,7 +360,7 @@ class Trainer(Engine):
             st.val_loss = None  # the validation loss at this very step, if validated
             if due_save or st.step % t.eval_interval == 0 or st.step == t.steps:
                 self.validate(validation)
-            stopping = stop.agreed(self.device)
+            stopping = hooks.wants_stop()
             if due_save or stopping:
                 self.save(last=stopping or st.step == t.steps)
             if stopping:
@@ -378,6 +382,21 @@ class Trainer(Engine):
         self.metrics.close(finished=self.rank.is_first)  # the report, where _finish wrote it
         stop.ignore_warnings()
         return result
+
+    def _step_hooks(self, stop: StopRequest) -> StepHooks:
+        """What runs at each step besides training, in this order."""
+        cfg, t = self.cfg, self.cfg.train
+        return StepHooks(
+            [
+                ProfilerHook(
+                    StepProfiler(list(t.profile_steps), self.paths.profile, self.is_logger)
+                ),
+                ProgressHook(),
+                StragglerHook(StragglerWatch(cfg.cluster.straggler_threshold, self.device)),
+                CheckpointHook(lambda: self._saved(self.saver.poll())),
+                SignalHook(stop, self.device),
+            ]
+        )
 
     def validate(self, validation: dict[str, evalsets.Windows]) -> None:
         """The validation loss of each source and of the mixture (weighted as training samples
