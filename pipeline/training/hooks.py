@@ -7,9 +7,11 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
+from pathlib import Path
 
 import torch
 
+from pipeline.config import PipelineConfig
 from pipeline.resilience import progress
 from pipeline.training.profiling import StepProfiler
 from pipeline.training.signals import StopRequest
@@ -120,3 +122,23 @@ class SignalHook(StepHook):
 
     def wants_stop(self) -> bool:
         return self.stop.agreed(self.device)
+
+
+def step_hooks(
+    cfg: PipelineConfig,
+    device: torch.device,
+    profile: Path,
+    logs: bool,
+    stop: StopRequest,
+    complete_checkpoint: Callable[[], None],
+) -> StepHooks:
+    """What runs at each step of a training besides the step itself, in this order."""
+    return StepHooks(
+        [
+            ProfilerHook(StepProfiler(list(cfg.train.profile_steps), profile, logs)),
+            ProgressHook(),
+            StragglerHook(StragglerWatch(cfg.cluster.straggler_threshold, device)),
+            CheckpointHook(complete_checkpoint),
+            SignalHook(stop, device),
+        ]
+    )

@@ -27,20 +27,11 @@ from pipeline.runtime import placement
 from pipeline.runtime.gpus import peak_tflops
 from pipeline.training import checkpoint, checkpoint_records
 from pipeline.training.engine import Engine
-from pipeline.training.hooks import (
-    CheckpointHook,
-    ProfilerHook,
-    ProgressHook,
-    SignalHook,
-    StepHooks,
-    StragglerHook,
-)
+from pipeline.training.hooks import step_hooks
 from pipeline.training.metrics import MetricsLog, Throughput, console_line
-from pipeline.training.profiling import StepProfiler
 from pipeline.training.saver import CheckpointSaver
 from pipeline.training.schedule import lr_scheduler
 from pipeline.training.signals import StopRequest
-from pipeline.training.stragglers import StragglerWatch
 
 _log = log.get()
 
@@ -252,6 +243,10 @@ class Trainer(Engine):
         }
         self._saved(self.saver.save(self.state.step, state, self.chunks, self.optimizer, last))
 
+    def _complete_checkpoint(self) -> None:
+        """At a step's end: a checkpoint written in the background meanwhile is completed."""
+        self._saved(self.saver.poll())
+
     def _saved(self, record: dict | None) -> None:
         """A checkpoint that is now complete: its times into the metrics and the log."""
         if record is None:
@@ -314,7 +309,9 @@ class Trainer(Engine):
         iterators = self.iterators(train_ds, self.state.consumed_samples, micro)
         iterators = [progress.reporting(batches) for batches in iterators]
         self.metrics.open_tensorboard(self.state.step)
-        hooks = self._step_hooks(stop)
+        hooks = step_hooks(
+            cfg, self.device, self.paths.profile, self.is_logger, stop, self._complete_checkpoint
+        )
         window_seconds, window_steps = 0.0, 0
         tokens_per_step = t.global_batch_size * cfg.model.seq_length
         while self.state.step < t.steps:
@@ -382,21 +379,6 @@ class Trainer(Engine):
         self.metrics.close(finished=self.rank.is_first)  # the report, where _finish wrote it
         stop.ignore_warnings()
         return result
-
-    def _step_hooks(self, stop: StopRequest) -> StepHooks:
-        """What runs at each step besides training, in this order."""
-        cfg, t = self.cfg, self.cfg.train
-        return StepHooks(
-            [
-                ProfilerHook(
-                    StepProfiler(list(t.profile_steps), self.paths.profile, self.is_logger)
-                ),
-                ProgressHook(),
-                StragglerHook(StragglerWatch(cfg.cluster.straggler_threshold, self.device)),
-                CheckpointHook(lambda: self._saved(self.saver.poll())),
-                SignalHook(stop, self.device),
-            ]
-        )
 
     def validate(self, validation: dict[str, evalsets.Windows]) -> None:
         """The validation loss of each source and of the mixture (weighted as training samples

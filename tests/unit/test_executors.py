@@ -181,6 +181,9 @@ Thread 0x00007f01 (most recent call first):
 Current thread 0x00007f02 (most recent call first):
   <no Python frame>
 [watchdog] hang at step 26: ended the attempt
+[rank1]: Traceback (most recent call last):
+[rank1]:   File "<frozen runpy>", line 198, in _run_module_as_main
+[rank1]: pipeline.core.errors.NonFinite: step 30: loss inf
 """
 
 

@@ -63,6 +63,7 @@ _TRACEBACK = "Traceback (most recent call last)"
 _STACKS = re.compile(r"^(Current thread|Thread) 0x[0-9a-f]+ \(most recent call first\):")
 _CHAINED = ("During handling of the above exception", "The above exception was the direct")
 _PROCESS_HEADER = re.compile(r"^Process [\w-]+:$")  # multiprocessing's, above a child's trace
+_RANK_PREFIX = re.compile(r"^\[rank\d+\]: ?")  # torch.distributed's, on a rank's trace lines
 
 
 class ConsoleLines:
@@ -76,7 +77,7 @@ class ConsoleLines:
         self.held: str | None = None  # a line that may open a trace
 
     def __call__(self, line: str) -> list[str]:
-        text = line.rstrip("\n")
+        text = _RANK_PREFIX.sub("", line.rstrip("\n"), count=1)
         held, self.held = self.held, None
         if text.startswith(_TRACEBACK) or _STACKS.match(text):
             self.state = "frames" if text.startswith(_TRACEBACK) else "stacks"
