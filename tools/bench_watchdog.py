@@ -61,7 +61,7 @@ def report_cost_s(calls: int = 100_000) -> float:
     import tempfile
 
     sys.path.insert(0, str(ROOT))
-    from pipeline.runtime.progress import Reporter
+    from pipeline.resilience.progress import Reporter
 
     with tempfile.TemporaryDirectory() as folder:
         reporter = Reporter(Path(folder), 0)

@@ -429,7 +429,8 @@ class ClusterConfig:
     hang_timeout_s: float | None = command(
         None,
         "a training rank without progress this long ends the attempt; none: 10x the slowest "
-        "step (60 s at least, 900 s before the first step and in loads and saves); 0: off",
+        "step (60 s at least, 900 s before the first step and in loads); a save gets 10x the "
+        "slowest save once one is measured (900 s before); 0: off",
         rule=NOT_NEGATIVE,
     )
     straggler_threshold: float = command(

@@ -13,7 +13,12 @@ class StageError(RuntimeError):
 
 
 class OutOfSpace(StageError):
-    """A write failed for lack of space: disk full, quota, or file-size limit."""
+    """A write failed for lack of space: disk full, quota, or file-size limit. `what`: the
+    failure alone, for a caller that goes on (the message also says how to finish the run)."""
+
+    def __init__(self, message: str, what: str | None = None) -> None:
+        super().__init__(message)
+        self.what = what or message
 
 
 class NonFinite(StageError):

@@ -119,11 +119,14 @@ def space_error(error: BaseException | None) -> OSError | None:
     return None
 
 
+def out_of_space_failure(cause: OSError, what: str) -> str:
+    return f"no space left writing {what}: {cause.strerror} ({errno.errorcode[cause.errno]})"
+
+
 def out_of_space_message(cause: OSError, what: str) -> str:
     return (
-        f"no space left writing {what}: {cause.strerror} ({errno.errorcode[cause.errno]}); "
-        "free space (or raise the quota or file-size limit) and rerun the same command: "
-        "complete outputs are kept"
+        f"{out_of_space_failure(cause, what)}; free space (or raise the quota or file-size "
+        "limit) and rerun the same command: complete outputs are kept"
     )
 
 
@@ -161,7 +164,8 @@ def reporting_space(what: str, probe: Path | None = None) -> Iterator[None]:
         cause = space_error(e) or (probe_space(probe) if probe is not None else None)
         if cause is None:
             raise
-        raise OutOfSpace(out_of_space_message(cause, what)) from e
+        message = out_of_space_message(cause, what)
+        raise OutOfSpace(message, out_of_space_failure(cause, what)) from e
 
 
 def owned_folder(path: Path, boundary: Path) -> bool:

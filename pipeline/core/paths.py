@@ -11,17 +11,6 @@ CHECKPOINT_TRACKER = "latest.txt"  # names the newest complete checkpoint
 BEST_CHECKPOINT = "best.json"  # names the one with the lowest validation loss
 
 
-def tracked_checkpoint(checkpoints: Path) -> str | None:
-    """The name CHECKPOINT_TRACKER gives the newest complete checkpoint under `checkpoints`;
-    None before the first save, or when it cannot be read. Every reader of the tracker goes
-    through here (training's records, the launcher, the training job's fault handling)."""
-    try:
-        name = (checkpoints / CHECKPOINT_TRACKER).read_text().strip()
-    except OSError:
-        return None
-    return name or None
-
-
 @dataclass(frozen=True)
 class RunPaths:
     root: Path
@@ -148,6 +137,18 @@ class RunPaths:
     @property
     def checkpoints(self) -> Path:
         return self.root / "checkpoints"
+
+    @property
+    def checkpoint_tracker(self) -> Path:
+        return self.checkpoints / CHECKPOINT_TRACKER
+
+    def latest_checkpoint(self) -> str | None:
+        """The folder name latest.txt gives the newest complete checkpoint; None before the first
+        save, or when it cannot be read. Every reader of the tracker goes through here."""
+        try:
+            return self.checkpoint_tracker.read_text().strip() or None
+        except OSError:
+            return None
 
     @property
     def best_checkpoint_record(self) -> Path:

@@ -5,7 +5,6 @@ What each node has is read with sinfo."""
 from __future__ import annotations
 
 import re
-import subprocess
 from dataclasses import dataclass
 
 from pipeline.config import PipelineConfig
@@ -13,6 +12,7 @@ from pipeline.core.errors import ConfigError
 from pipeline.core.steps import Placement
 from pipeline.orchestration.executors.slurm import slurm_parameters
 from pipeline.orchestration.graph import Step
+from pipeline.resilience import scheduler
 
 # name, partition (the default one ends in *), CPUs, memory (MB), generic resources
 SINFO_FORMAT = "%N|%P|%c|%m|%G"
@@ -51,13 +51,8 @@ def parse(sinfo: str) -> dict[str | None, list[Node]]:
 
 def read_nodes() -> dict[str | None, list[Node]] | None:
     """What sinfo says, or None when it cannot say (then Slurm itself decides)."""
-    try:
-        shown = subprocess.run(
-            ["sinfo", "-h", "-N", "-o", SINFO_FORMAT], capture_output=True, text=True, timeout=30
-        )
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    return parse(shown.stdout) if shown.returncode == 0 else None
+    shown = scheduler.node_table(SINFO_FORMAT)
+    return parse(shown) if shown is not None else None
 
 
 def check_fits(cfg: PipelineConfig, steps: list[Step], nodes: dict | None = None) -> None:

@@ -10,6 +10,7 @@ import socket
 import subprocess
 
 from pipeline.core.errors import StageError
+from pipeline.resilience import scheduler
 
 NODE_ADDR = re.compile(r"\bNodeAddr=(\S+)")
 # Below Linux's default range of ports for outgoing connections (32768-60999), from which
@@ -37,9 +38,7 @@ def address_of(node: str) -> str:
     if resolves(node):
         return node
     try:
-        shown = subprocess.run(
-            ["scontrol", "show", "node", node], capture_output=True, text=True, timeout=60
-        )
+        shown = scheduler.show_node(node)
     except (OSError, subprocess.TimeoutExpired) as e:
         raise StageError(
             f"rendezvous: node {node} is not a host name and `scontrol show node {node}` "

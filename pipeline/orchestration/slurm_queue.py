@@ -3,12 +3,11 @@ from sacct and squeue, and which steps still have a job queued or running."""
 
 from __future__ import annotations
 
-import shutil
-import subprocess
 import time
 
 from pipeline.core import files
 from pipeline.core.paths import RunPaths
+from pipeline.resilience import scheduler
 
 ACTIVE = {"PENDING", "RUNNING", "REQUEUED", "CONFIGURING", "COMPLETING", "SUSPENDED", "RESIZING"}
 FAILED = {
@@ -31,16 +30,7 @@ def slurm_answers() -> bool:
 def slurm_problem() -> str | None:
     """Why jobs cannot be submitted from here, or None when sbatch is installed and a Slurm
     controller answers."""
-    if not shutil.which("sbatch"):
-        return "sbatch is not on PATH here"
-    try:
-        probe = subprocess.run(["sinfo", "-h", "-o", "%P"], capture_output=True, timeout=15)
-    except (OSError, subprocess.TimeoutExpired):
-        return "sinfo did not answer within 15 s"
-    if probe.returncode != 0:
-        said = probe.stderr.decode(errors="replace").strip().splitlines()
-        return f"no Slurm controller answers ({said[-1] if said else 'sinfo failed'})"
-    return None
+    return scheduler.problem()
 
 
 def latest_submission(paths: RunPaths) -> dict[str, list[str]]:
@@ -59,27 +49,13 @@ def slurm_states(job_ids: list[str]) -> dict[str, tuple[str, str]]:
     """job id -> (state, reason) from sacct, falling back to squeue for jobs sacct lacks."""
     states: dict[str, tuple[str, str]] = {}
     ids = ",".join(sorted({j.split("_")[0] for j in job_ids}))
-    try:
-        out = subprocess.run(
-            ["sacct", "-n", "-P", "-X", "-j", ids, "-o", "JobID,State,Reason"],
-            capture_output=True,
-            text=True,
-            timeout=30,
-        ).stdout
-        for line in out.splitlines():
-            job, state, *reason = line.split("|")
-            states[job] = (state.split()[0], reason[0] if reason else "")
-        out = subprocess.run(
-            ["squeue", "-h", "-j", ids, "-o", "%i|%T|%r"],
-            capture_output=True,
-            text=True,
-            timeout=30,
-        ).stdout
-        for line in out.splitlines():
-            job, state, reason = line.split("|")
-            states.setdefault(job, (state, reason))
-    except (OSError, subprocess.TimeoutExpired):
-        pass
+    accounted, queued = scheduler.job_states(ids)
+    for line in accounted.splitlines():
+        job, state, *reason = line.split("|")
+        states[job] = (state.split()[0], reason[0] if reason else "")
+    for line in queued.splitlines():
+        job, state, reason = line.split("|")
+        states.setdefault(job, (state, reason))
     for job in job_ids:  # array tasks that never started are listed together, as ID_[0-3]
         base = job.split("_")[0] + "_["
         grouped = next((v for k, v in states.items() if k.startswith(base)), None)

@@ -9,6 +9,7 @@ from dataclasses import dataclass, replace
 from pipeline.config import PipelineConfig
 from pipeline.config.choices import RECOMPUTE_MODES
 from pipeline.config.derived import world_size
+from pipeline.core.paths import RunPaths
 from pipeline.data import datasets, mixture
 from pipeline.model.flops import flops_per_sequence
 from pipeline.model.parameters import parameter_count, stage_params
@@ -25,6 +26,7 @@ from pipeline.planning.search import search_layouts
 from pipeline.planning.throughput import expected_step, steps_for, tokens_per_step
 from pipeline.planning.units import GIB, count, duration, gib
 from pipeline.planning.units import flops as flops_text
+from pipeline.resilience import watchdog
 
 
 @dataclass
@@ -65,7 +67,13 @@ def summary_lines(cfg: PipelineConfig, vocab_size: int) -> list[str]:
         f"{count(tokens_per_step(cfg) * steps)} tokens",
         *_speed_lines(cfg, vocab_size, layout, run_gpu.of(cfg)),
         *mixture.plan_lines(cfg),
+        *_watchdog_lines(cfg),
     ]
+
+
+def _watchdog_lines(cfg: PipelineConfig) -> list[str]:
+    line = watchdog.plan_line(cfg.cluster.hang_timeout_s, RunPaths.of(cfg.workdir))
+    return [line] if line else []
 
 
 def _overlap_lines(cfg: PipelineConfig, layout: ParallelLayout) -> list[str]:

@@ -5,7 +5,7 @@ eval.checkpoint names, and whether a run can resume under another parallel layou
 from __future__ import annotations
 
 from pipeline.core import files
-from pipeline.core.paths import RunPaths, tracked_checkpoint
+from pipeline.core.paths import RunPaths
 
 LAYOUT_KEYS = ("tensor", "pipeline", "virtual_pipeline")
 
@@ -14,8 +14,8 @@ def tracked_state(paths: RunPaths) -> dict | None:
     """state.json of the newest checkpoint: the one latest.txt names, else (that one deleted,
     say) the newest folder with a readable one. Not verified here: a resume verifies what it
     reads."""
-    name = tracked_checkpoint(paths.checkpoints)
-    named = [paths.checkpoints / name] if name else []
+    latest = paths.latest_checkpoint()
+    named = [paths.checkpoints / latest] if latest else []
     for folder in [*named, *sorted(paths.checkpoints.glob("iter_???????"), reverse=True)]:
         try:
             state = files.read_json_or_none(folder / "state.json")
@@ -34,7 +34,7 @@ def chosen(paths: RunPaths, choice: str) -> str | None:
     best = files.read_json_or_none(paths.best_checkpoint_record) if choice == "best" else None
     if best is not None:
         return best["name"]
-    return tracked_checkpoint(paths.checkpoints)
+    return paths.latest_checkpoint()
 
 
 def layout_problem(saved: dict | None, current: dict) -> tuple[str, str] | None:

@@ -175,7 +175,7 @@ class CheckpointSaver:
             why = "the run's last save" if last else f"train.max_failed_saves={most} in a row"
             raise OutOfSpace(f"{error} ({why})")
         log.get().warning(
-            f"warning: {error}; the save of step {step} is skipped, training goes on and the "
+            f"warning: {error.what}; the save of step {step} is skipped, training goes on and the "
             f"next save tries again ({n} in a row, train.max_failed_saves={most})"
         )
 

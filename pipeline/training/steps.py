@@ -22,7 +22,7 @@ from pipeline.core.steps import Change, Interrupted, MarkedStep, Placement
 from pipeline.data import sources
 from pipeline.data.steps import VERIFY
 from pipeline.model.huggingface.files import identity
-from pipeline.runtime import faults, progress
+from pipeline.resilience import faults, progress
 from pipeline.training import checkpoint_records, signals
 
 if TYPE_CHECKING:

@@ -69,7 +69,7 @@ class StragglerWatch:
         self.world = dist.get_world_size() if dist.is_initialized() else 1
         self.nodes = [None] * self.world
         if self.world > 1:
-            from pipeline.runtime.progress import node_name
+            from pipeline.runtime.placement import node_name
 
             dist.all_gather_object(self.nodes, node_name())
             time_collectives()

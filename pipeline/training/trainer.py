@@ -22,16 +22,16 @@ from pipeline.core.steps import Interrupted
 from pipeline.data import datasets, evalsets, sources
 from pipeline.model import flops
 from pipeline.reporting.report import write_report
-from pipeline.runtime import placement, progress
+from pipeline.resilience import progress
+from pipeline.runtime import placement
 from pipeline.runtime.gpus import peak_tflops
 from pipeline.training import checkpoint, checkpoint_records
 from pipeline.training.engine import Engine
+from pipeline.training.hooks import step_hooks
 from pipeline.training.metrics import MetricsLog, Throughput, console_line
-from pipeline.training.profiling import StepProfiler
 from pipeline.training.saver import CheckpointSaver
 from pipeline.training.schedule import lr_scheduler
 from pipeline.training.signals import StopRequest
-from pipeline.training.stragglers import StragglerWatch
 
 _log = log.get()
 
@@ -243,10 +243,15 @@ class Trainer(Engine):
         }
         self._saved(self.saver.save(self.state.step, state, self.chunks, self.optimizer, last))
 
+    def _complete_checkpoint(self) -> None:
+        """At a step's end: a checkpoint written in the background meanwhile is completed."""
+        self._saved(self.saver.poll())
+
     def _saved(self, record: dict | None) -> None:
         """A checkpoint that is now complete: its times into the metrics and the log."""
         if record is None:
             return
+        progress.save_took(record["checkpoint_total_s"])
         self.metrics.record(record)
         _log.info(
             f"checkpoint of step {record['step']} complete: training waited "
@@ -304,23 +309,21 @@ class Trainer(Engine):
         iterators = self.iterators(train_ds, self.state.consumed_samples, micro)
         iterators = [progress.reporting(batches) for batches in iterators]
         self.metrics.open_tensorboard(self.state.step)
-        stragglers = StragglerWatch(cfg.cluster.straggler_threshold, self.device)
-        profiler = StepProfiler(list(t.profile_steps), self.paths.profile, self.is_logger)
+        hooks = step_hooks(
+            cfg, self.device, self.paths.profile, self.is_logger, stop, self._complete_checkpoint
+        )
         window_seconds, window_steps = 0.0, 0
         tokens_per_step = t.global_batch_size * cfg.model.seq_length
         while self.state.step < t.steps:
-            profiler.step_starts(self.state.step + 1)
-            progress.phase("data", self.state.step)
+            hooks.before(self.state.step + 1)
             started = time.time()
-            with stragglers.step():
+            with hooks.during():
                 loss, grad_norm, updated = self.iteration(iterators)  # reading the loss syncs
             took = time.time() - started
             window_seconds += took
-            progress.step_took(took)
             st = self.state
             st.step += 1
-            profiler.step_ends(st.step)
-            self._saved(self.saver.poll())  # a checkpoint written meanwhile is completed
+            hooks.after(st.step, took)
             st.consumed_samples += t.global_batch_size
             st.tokens += tokens_per_step
             if updated:
@@ -343,7 +346,7 @@ class Trainer(Engine):
                     "lr": self.optimizer.param_groups[0]["lr"],
                     "skipped_steps": st.skipped_steps,
                     **self.throughput.over(window_steps, window_seconds),
-                    **stragglers.interval(st.step, window_seconds),
+                    **hooks.interval(st.step, window_seconds),
                 }
                 self.metrics.record(record)
                 _log.info(console_line(record, t.steps))
@@ -354,7 +357,7 @@ class Trainer(Engine):
             st.val_loss = None  # the validation loss at this very step, if validated
             if due_save or st.step % t.eval_interval == 0 or st.step == t.steps:
                 self.validate(validation)
-            stopping = stop.agreed(self.device)
+            stopping = hooks.wants_stop()
             if due_save or stopping:
                 self.save(last=stopping or st.step == t.steps)
             if stopping:

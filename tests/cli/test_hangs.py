@@ -12,8 +12,8 @@ import subprocess
 import time
 
 from pipeline.core.paths import RunPaths
-from pipeline.runtime import progress
-from pipeline.runtime.watchdog import STARTUP_BOUND_S, first_stopped, limit_s
+from pipeline.resilience import progress
+from pipeline.resilience.watchdog import STARTUP_BOUND_S, first_stopped, limit_s
 from tests.cli.test_stragglers import TRAIN, named_stragglers
 from tests.conftest import copy_tokenized, launch, status
 
@@ -21,8 +21,8 @@ HANG_TIMEOUT_S = 10
 EVEN_STEPS = 40  # trained evenly before the freeze: 8 log intervals, as many as a straggler needs
 
 
-def _report(rank: int, step: int, phase: str, at: float, step_s: float = 0.0):
-    return progress.Progress(at, step, phase, step_s, pid=0, node="n1", rank=rank)
+def _report(rank: int, step: int, phase: str, at: float, step_s: float = 0.0, save_s=0.0):
+    return progress.Progress(at, step, phase, step_s, pid=0, node="n1", rank=rank, save_s=save_s)
 
 
 def test_the_limit_follows_the_measured_step_with_a_bound_for_slow_phases():
@@ -31,6 +31,16 @@ def test_the_limit_follows_the_measured_step_with_a_bound_for_slow_phases():
     assert limit_s(_report(0, 0, "data", 0), None) == STARTUP_BOUND_S  # none measured yet
     assert limit_s(_report(0, 5, "save", 0, step_s=2.0), 10) == STARTUP_BOUND_S
     assert limit_s(_report(0, 5, "forward-backward", 0, step_s=2.0), 10) == 10
+
+
+def test_a_save_is_bounded_by_what_saves_took_once_one_is_measured():
+    # frozen in a save: found within cluster.hang_timeout_s, unless saves take longer
+    assert limit_s(_report(0, 5, "save", 0, step_s=2.0, save_s=0.5), 20) == 20
+    assert limit_s(_report(0, 5, "save", 0, step_s=2.0, save_s=30.0), 20) == 300  # ten saves
+    # one of an earlier attempt, from train/metrics.jsonl
+    assert limit_s(_report(0, 5, "save", 0, step_s=2.0), 20, recorded_save_s=3.0) == 30
+    assert limit_s(_report(0, 5, "save", 0, save_s=0.5), None) == 60  # derived: a minute at least
+    assert limit_s(_report(0, 5, "validate", 0, save_s=0.5), 20) == STARTUP_BOUND_S
 
 
 def test_the_rank_that_stopped_first_is_named_not_those_waiting_for_it():

@@ -105,6 +105,7 @@ def test_a_save_onto_a_full_disk_is_skipped_and_the_next_succeeds_once_there_is_
     assert 1 <= len(warnings) < 5 and "Traceback" not in log
     assert warnings[0].startswith("warning: no space left writing checkpoint "), warnings[0]
     assert "training goes on and the next save tries again (1 in a row" in warnings[0]
+    assert "rerun" not in warnings[0]  # the run goes on: nothing to rerun
     skipped = [int(re.search(r"the save of step (\d+)", w).group(1)) for w in warnings]
     assert not any((root / checkpoint.folder_name(s)).exists() for s in skipped)
     assert not list(root.glob("iter_*.partial"))

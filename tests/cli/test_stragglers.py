@@ -13,7 +13,7 @@ import threading
 import time
 
 from pipeline.core.paths import RunPaths
-from pipeline.runtime import progress
+from pipeline.resilience import progress
 from tests.conftest import SMALL_SERIAL, copy_tokenized, launch, status
 
 TRAIN = [

@@ -12,7 +12,7 @@ import signal
 import time
 
 from pipeline.core.paths import RunPaths
-from pipeline.runtime import progress
+from pipeline.resilience import progress
 from tests.conftest import SMALL_SERIAL, cli, copy_tokenized
 from tests.slurm.test_multinode import BATCH, assert_same_curve, losses, wait_until
 from tests.slurm.test_pipeline_on_slurm import pipeline, wait_for

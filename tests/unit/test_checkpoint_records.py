@@ -5,7 +5,7 @@ its shards in place. The states are state.json's "layout" as the trainer writes 
 
 from __future__ import annotations
 
-from pipeline.core.paths import CHECKPOINT_TRACKER, RunPaths, tracked_checkpoint
+from pipeline.core.paths import CHECKPOINT_TRACKER, RunPaths
 from pipeline.model.backends import names
 from pipeline.training.checkpoint_records import chosen, layout_problem
 from tests.conftest import GPU_GIVEN, make_config
@@ -61,9 +61,9 @@ def test_optimizer_shards_saved_in_place_keep_the_tensor_and_pipeline_layout():
 
 def test_an_empty_or_missing_tracker_names_no_checkpoint(tmp_path):
     paths = RunPaths.of(tmp_path)
-    assert tracked_checkpoint(paths.checkpoints) is None and chosen(paths, "latest") is None
+    assert paths.latest_checkpoint() is None and chosen(paths, "latest") is None
     paths.checkpoints.mkdir()
     (paths.checkpoints / CHECKPOINT_TRACKER).write_text("")  # cut short as it was written
-    assert tracked_checkpoint(paths.checkpoints) is None and chosen(paths, "latest") is None
+    assert paths.latest_checkpoint() is None and chosen(paths, "latest") is None
     (paths.checkpoints / CHECKPOINT_TRACKER).write_text("iter_0000020\n")
     assert chosen(paths, "latest") == chosen(paths, "best") == "iter_0000020"

@@ -146,3 +146,60 @@ def test_submitit_is_used_by_the_executors_alone_and_its_private_api_by_slurm_al
         p for p, text in uses.items() if re.search(r"^\s*import submitit", text, re.M)
     )
     assert all(p.startswith("orchestration/") for p in submitit), submitit
+
+
+def test_slurm_s_commands_are_run_by_the_scheduler_adapter_alone():
+    package = ROOT / "pipeline"
+    command = re.compile(r"""["'](sbatch|scontrol|squeue|sinfo|scancel|sacct)["']\s*,""")
+    calling = sorted(
+        str(path.relative_to(package))
+        for path in package.rglob("*.py")
+        if command.search(path.read_text())
+    )
+    assert calling == ["resilience/scheduler.py"]
+
+
+RANK_LOG = """\
+step 20/40 | loss 5.0
+Process ForkProcess-3:
+Traceback (most recent call last):
+  File "/usr/lib/python3.11/multiprocessing/process.py", line 314, in _bootstrap
+    self.run()
+OSError: [Errno 27] File too large
+
+During handling of the above exception, another exception occurred:
+
+Traceback (most recent call last):
+  File "async_utils.py", line 9, in write
+RuntimeError: worker failed
+warning: no space left writing checkpoint c: File too large (EFBIG); the save of step 20 is skipped
+step 25/40 | loss 4.9
+hang: no progress for 10 s (cluster.hang_timeout_s=10): rank 1 on n1 in optimizer of step 26
+Thread 0x00007f01 (most recent call first):
+  File "trainer.py", line 120 in fit
+
+Current thread 0x00007f02 (most recent call first):
+  <no Python frame>
+[watchdog] hang at step 26: ended the attempt
+[rank1]: Traceback (most recent call last):
+[rank1]:   File "<frozen runpy>", line 198, in _run_module_as_main
+[rank1]: pipeline.core.errors.NonFinite: step 30: loss inf
+"""
+
+
+def test_a_local_job_s_console_gets_its_lines_and_its_log_the_traces_and_stacks(tmp_path, capsys):
+    from pipeline.orchestration.executors.subprocesses import _followed
+
+    log = tmp_path / "rank1.err"
+    log.write_text(RANK_LOG)
+    with _followed(log, every_s=0.01):
+        pass
+    assert capsys.readouterr().err.splitlines() == [
+        "step 20/40 | loss 5.0",
+        "warning: no space left writing checkpoint c: File too large (EFBIG); the save of step "
+        "20 is skipped",
+        "step 25/40 | loss 4.9",
+        "hang: no progress for 10 s (cluster.hang_timeout_s=10): rank 1 on n1 in optimizer of "
+        "step 26",
+        "[watchdog] hang at step 26: ended the attempt",
+    ]

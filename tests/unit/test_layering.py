@@ -18,9 +18,19 @@ BELOW = {
     "runtime": {"core"},
     "reporting": {"core"},
     "tracking": {"core", "config"},
+    "resilience": {"core", "config", "runtime"},
     "data": {"core", "config", "runtime"},
     "model": {"core", "config", "runtime"},
-    "training": {"core", "config", "runtime", "data", "model", "reporting", "tracking"},
+    "training": {
+        "core",
+        "config",
+        "runtime",
+        "resilience",
+        "data",
+        "model",
+        "reporting",
+        "tracking",
+    },
     "evaluation": {
         "core",
         "config",
@@ -31,7 +41,16 @@ BELOW = {
         "reporting",
         "tracking",
     },
-    "planning": {"core", "config", "runtime", "data", "model", "training", "reporting"},
+    "planning": {
+        "core",
+        "config",
+        "runtime",
+        "resilience",
+        "data",
+        "model",
+        "training",
+        "reporting",
+    },
     "exporting": {"core", "config", "runtime", "data", "model", "training"},
 }
 BELOW["orchestration"] = set(BELOW) | {"planning"}

@@ -20,7 +20,7 @@ from pipeline.planning.parallel_layout import ParallelLayout
 from pipeline.planning.render import PlanOptions, plan_lines
 from pipeline.runtime import gpus
 from pipeline.runtime.gpus import capacity_bytes
-from tests.conftest import GPU_GIVEN, make_config
+from tests.conftest import GPU_GIVEN, changed, make_config
 
 
 def test_gpt_1_3b_counted_by_hand(tmp_path):
@@ -297,6 +297,20 @@ def test_summary_lines_for_the_launcher(tmp_path):
     # the layout's own estimate on the run's GPU: H100 assumed, and said so, when none is named
     assert lines[3].startswith("[plan] expected on H100 (assumed: no cluster.gpu): ")
     assert "s/step (compute" in lines[3]
+    # the hang watchdog's bounds: a save's once one is recorded (train/metrics.jsonl)
+    assert lines[-1] == (
+        "[plan] hang watchdog: a rank may make no progress for 10x the slowest step, at least "
+        "60 s in a step; in a save 900 s until one is measured, then 10x the slowest; start-up, "
+        "loading and validation 900 s"
+    )
+    metrics = tmp_path / "train" / "metrics.jsonl"
+    metrics.parent.mkdir(parents=True)
+    metrics.write_text('{"step": 10, "checkpoint_total_s": 12.5}\n{"step": 11, "loss": 3}\n')
+    with_save = changed(cfg, "cluster", hang_timeout_s=20.0)
+    assert (
+        "in a save 125 s (10x the slowest save recorded, 12.5 s)"
+        in render.summary_lines(with_save, 32000)[-1]
+    )
 
 
 # --- checks before submission: what would fail after hours in the queue ---------------------

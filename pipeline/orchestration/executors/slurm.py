@@ -1,7 +1,7 @@
 """cluster.executor=slurm: every step submitted at once through submitit, each held by an
 `afterok` dependency on the one before, so the chain runs unattended and a failure cancels
-what depends on it (--kill-on-invalid-dep=yes). The only module that submits to Slurm (a
-running job requeues itself from pipeline.orchestration.tasks)."""
+what depends on it (--kill-on-invalid-dep=yes). The only module that submits to Slurm; what
+else is asked of Slurm goes through pipeline.resilience.scheduler."""
 
 from __future__ import annotations
 
@@ -16,10 +16,38 @@ from pipeline.core.steps import Placement
 from pipeline.orchestration import slurm_queue
 from pipeline.orchestration.executors.base import resources
 from pipeline.orchestration.graph import Step
-from pipeline.orchestration.supervisor import Supervisor, srun_args
 from pipeline.orchestration.tasks import ArrayTask, DistributedTask
+from pipeline.resilience.decisions import Limits
+from pipeline.resilience.supervisor import Attempts, Supervisor
 
 _log = log.get("pipeline")
+
+
+def srun_args(cfg: PipelineConfig) -> list[str]:
+    """What the tasks' srun gets beyond submitit's own: the container (pyxis), then the site's."""
+    c = cfg.cluster
+    args = []
+    if c.container_image:
+        args.append(f"--container-image={c.container_image}")
+    if c.container_mounts:
+        args.append(f"--container-mounts={','.join(c.container_mounts)}")
+    return [*args, *c.srun_args]
+
+
+def supervisor(cfg: PipelineConfig, step: Step) -> Supervisor:
+    """What a training job runs: its ranks' task, started and restarted by the supervisor."""
+    needs = resources(step, cfg)
+    attempts = Attempts(
+        workdir=str(cfg.workdir),
+        logs=str(RunPaths.of(cfg.workdir).job_logs(step.name)),
+        nodes=needs.nodes,
+        tasks_per_node=needs.tasks_per_node,
+        gpus_per_node=needs.gpus_per_node,
+        cpus_per_task=cfg.cluster.cpus_per_task,
+        srun_args=tuple(srun_args(cfg)),
+        limits=Limits(cfg.cluster.max_restarts, cfg.train.max_requeues),
+    )
+    return Supervisor(DistributedTask(step, cfg), attempts)
 
 
 def slurm_parameters(cfg: PipelineConfig, step: Step) -> dict[str, Any]:
@@ -127,7 +155,7 @@ class SlurmExecutor:
                 previous = ids[0].split("_")[0]
             else:
                 training = step.placement is Placement.TRAINING_RANKS
-                task = Supervisor(step, cfg, resources(step, cfg)) if training else None
+                task = supervisor(cfg, step) if training else None
                 job = executor.submit(task or DistributedTask(step, cfg))
                 ids = [job.job_id]
                 previous = job.job_id

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 import sys
 import threading
 import time
@@ -58,18 +59,56 @@ def _log_of_last_rank(job, ranks: int) -> Path:
     return JobPaths(job.paths.folder, job_id=job.job_id, task_id=ranks - 1).stderr
 
 
+_TRACEBACK = "Traceback (most recent call last)"
+_STACKS = re.compile(r"^(Current thread|Thread) 0x[0-9a-f]+ \(most recent call first\):")
+_CHAINED = ("During handling of the above exception", "The above exception was the direct")
+_PROCESS_HEADER = re.compile(r"^Process [\w-]+:$")  # multiprocessing's, above a child's trace
+_RANK_PREFIX = re.compile(r"^\[rank\d+\]: ?")  # torch.distributed's, on a rank's trace lines
+
+
+class ConsoleLines:
+    """Which lines of a rank's log the console gets: all but tracebacks (a checkpoint writer's,
+    say, when a save fails and training goes on) and stack dumps (the hang watchdog's), which
+    stay in the log. A traceback runs to its exception line, chained ones included; a stack
+    dump to its last frame."""
+
+    def __init__(self) -> None:
+        self.state = "text"  # or "frames" (a traceback's), "after" (its exception line), "stacks"
+        self.held: str | None = None  # a line that may open a trace
+
+    def __call__(self, line: str) -> list[str]:
+        text = _RANK_PREFIX.sub("", line.rstrip("\n"), count=1)
+        held, self.held = self.held, None
+        if text.startswith(_TRACEBACK) or _STACKS.match(text):
+            self.state = "frames" if text.startswith(_TRACEBACK) else "stacks"
+            return []
+        indented_or_blank = not text.strip() or text.startswith((" ", "\t"))
+        if self.state in ("frames", "stacks") and indented_or_blank:
+            return []
+        if self.state == "frames":  # its exception line
+            self.state = "after"
+            return []
+        if self.state == "after" and (not text.strip() or text.startswith(_CHAINED)):
+            return []
+        self.state = "text"
+        if _PROCESS_HEADER.match(text):
+            self.held = line
+            return [held] if held is not None else []
+        return [held, line] if held is not None else [line]
+
+
 @contextlib.contextmanager
 def _followed(log: Path | None, every_s: float = 1.0) -> Iterator[None]:
     """The log's whole lines echoed on this process's stderr as they are written (a training
-    job's steps, validations and saves), until the block ends or a traceback starts: a failed
-    job is reported in one line naming its log."""
+    job's steps, validations and saves), its traces and stacks left out (ConsoleLines): a
+    failed job is reported in one line naming its log."""
     if log is None:
         yield
         return
     done = threading.Event()
 
     def follow() -> None:
-        offset = 0
+        offset, console = 0, ConsoleLines()
         while True:
             finished = done.wait(every_s)
             if log.exists():
@@ -79,9 +118,7 @@ def _followed(log: Path | None, every_s: float = 1.0) -> Iterator[None]:
                 whole = chunk.rfind(b"\n") + 1
                 offset += whole
                 for line in chunk[:whole].decode(errors="replace").splitlines(keepends=True):
-                    if "Traceback (most recent call last)" in line:
-                        return
-                    sys.stderr.write(line)
+                    sys.stderr.writelines(console(line))
                 sys.stderr.flush()
             if finished:
                 return

@@ -6,7 +6,7 @@ import os
 
 _spec = os.environ.get("PIPELINE_TEST_FAIL_AT")
 if _spec:
-    from pipeline.runtime import progress
+    from pipeline.resilience import progress
 
     _rank, _step = (int(part) for part in _spec.split(":"))
     _phase = progress.Reporter.phase

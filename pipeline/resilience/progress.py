@@ -1,6 +1,6 @@
 """Each training rank says what it is doing: its phase (start, load, data, forward-backward,
 optimizer, validate, save) and step, with the wall time it entered it, in one small file of its
-own under train/progress/. The hang watchdog (pipeline.runtime.watchdog), a process apart,
+own under train/progress/. The hang watchdog (pipeline.resilience.watchdog), a process apart,
 reads these files; a rank stuck anywhere, in a collective included, stops updating its own.
 
 Cheap enough for every phase of every step: one pwrite of a fixed-size line into a file kept
@@ -20,6 +20,8 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+
+from pipeline.runtime.placement import node_name
 
 STACKS_SIGNAL = signal.SIGRTMIN + 3  # not SIGUSR1/2: Slurm's time-limit warning uses those
 RECORD_BYTES = 160
@@ -44,21 +46,16 @@ class Progress:
     pid: int
     node: str
     rank: int
+    save_s: float = 0.0  # the rank's slowest checkpoint save of this attempt (0: none yet)
 
     @classmethod
     def parse(cls, text: str, rank: int) -> Progress | None:
         fields = text.split("\n", 1)[0].split()  # a longer line written before may trail
-        if len(fields) != 6:
+        if len(fields) not in (6, 7):  # 6: written before saves were reported
             return None  # not written yet
-        at, step, phase, step_s, pid, node = fields
-        return cls(float(at), int(step), phase, float(step_s), int(pid), node, rank)
-
-
-def node_name() -> str:
-    """The node as Slurm names it (several on one host in a test cluster), else the host."""
-    import socket
-
-    return os.environ.get("SLURMD_NODENAME") or socket.gethostname()
+        at, step, phase, step_s, pid, node, *save_s = fields
+        saves = float(save_s[0]) if save_s else 0.0
+        return cls(float(at), int(step), phase, float(step_s), int(pid), node, rank, saves)
 
 
 class Reporter:
@@ -68,18 +65,22 @@ class Reporter:
         folder.mkdir(parents=True, exist_ok=True)
         self.fd = os.open(folder / f"rank-{rank}", os.O_RDWR | os.O_CREAT, 0o666)
         self.pid, self.node = os.getpid(), node_name()
-        self.step, self.slowest_step_s = 0, 0.0
+        self.step, self.slowest_step_s, self.slowest_save_s = 0, 0.0, 0.0
 
     def phase(self, name: str, step: int | None = None) -> None:
         if step is not None:
             self.step = step
         line = (
-            f"{time.time():.3f} {self.step} {name} {self.slowest_step_s:.3f} {self.pid} {self.node}"
+            f"{time.time():.3f} {self.step} {name} {self.slowest_step_s:.3f} {self.pid} "
+            f"{self.node} {self.slowest_save_s:.3f}"
         )
         os.pwrite(self.fd, line.ljust(RECORD_BYTES - 1).encode() + b"\n", 0)
 
     def step_took(self, seconds: float) -> None:
         self.slowest_step_s = max(self.slowest_step_s, seconds)
+
+    def save_took(self, seconds: float) -> None:
+        self.slowest_save_s = max(self.slowest_save_s, seconds)
 
 
 _reporter: Reporter | None = None
@@ -107,6 +108,12 @@ def reported_step() -> int | None:
 def step_took(seconds: float) -> None:
     if _reporter is not None:
         _reporter.step_took(seconds)
+
+
+def save_took(seconds: float) -> None:
+    """A checkpoint save took `seconds`, start to complete: the watchdog bounds saves by it."""
+    if _reporter is not None:
+        _reporter.save_took(seconds)
 
 
 def reporting(batches: Iterator) -> Iterator:

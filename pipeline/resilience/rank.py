@@ -1,5 +1,5 @@
-"""`python -m pipeline.orchestration.rank TASK`: one training rank of an attempt that the job's
-supervisor (pipeline.orchestration.supervisor) started with srun; TASK is the pickled
+"""`python -m pipeline.resilience.rank TASK`: one training rank of an attempt that the job's
+supervisor (pipeline.resilience.supervisor) started with srun; TASK is the pickled
 DistributedTask it wrote into the job's log folder."""
 
 from __future__ import annotations

@@ -1,10 +1,44 @@
 """What a training job does about a fault: requeue without the nodes at fault, stop when a
 restart made no progress, the restarts are spent or too few nodes would be left; outside
-Slurm, end the attempt."""
+Slurm, end the attempt. One decision function for both paths: a hand-written script's
+watchdog (no allocation to restart in) and the job's supervisor. The records before a fault
+are given as train/failures.jsonl held them before `decision` was written: the sentence alone."""
 
 from __future__ import annotations
 
-from pipeline.runtime.fault_actions import decide, decide_supervised
+import json
+
+from pipeline.resilience import decisions, records
+from pipeline.resilience.decisions import Allocation, Limits
+from pipeline.resilience.records import Action, FaultKind, FaultRecord
+
+MANY = 100  # train.max_requeues, out of the way
+
+
+def _record(data: dict) -> FaultRecord:
+    return FaultRecord.from_json({"line": "", **data})
+
+
+def decide(
+    record: dict, before: list[dict], max_restarts: int, nodes: set[str] | None = None
+) -> tuple[str, list[str]]:
+    """A hand-written script's watchdog: `nodes`, those of the partition when known."""
+    where = Allocation(needed=record.get("job_nodes", 0), partition=nodes)
+    limits = Limits(max_restarts, MANY)
+    decision = decisions.decide(_record(record), [_record(r) for r in before], limits, where)
+    return decision.said, decision.aside
+
+
+def decide_supervised(
+    record: dict, before: list[dict], max_restarts: int, held: list[str], needed: int
+) -> tuple[str, list[str]]:
+    """The job's supervisor, holding `held` and needing `needed` of them an attempt."""
+    where = Allocation(needed=needed, held=held)
+    limits = Limits(max_restarts, MANY)
+    job = {"job": "7"}
+    before_records = [_record({**job, **r}) for r in before]
+    decision = decisions.decide(_record({**job, **record}), before_records, limits, where)
+    return decision.said, decision.aside
 
 
 def _fault(step: int, nodes: list[str], attempt: int = 1, job: str | None = "7", **more) -> dict:
@@ -114,3 +148,26 @@ def test_restarts_in_one_allocation_stop_at_cluster_max_restarts_then_the_job_re
     )
     requeued = _supervised("hang", 20, ["n1"], 3, allocation=1)  # a new allocation: anew
     assert decide_supervised(requeued, before, 2, HELD, 2)[0].startswith("restarted")
+
+
+# train/failures.jsonl lines as 0.6 wrote them: a supervisor's, a hand-written script's watchdog's
+OLD_LINES = [
+    '{"time": "2026-11-30T10:00:00", "attempt": 1, "kind": "crash", "ranks": [1], "nodes": '
+    '["n2"], "step": 15, "steps_lost": 5, "seconds_lost": 12.5, "line": "crash: rank 1 on n2 in '
+    'step 15: E", "last_lines": ["E"], "job": "7", "job_nodes": 2, "allocation": 0, "action": '
+    '"restarted in the allocation", "excluded": []}',
+    '{"time": "2026-11-30T10:00:00", "attempt": 0, "kind": "hang", "ranks": [1], "nodes": ["n2"],'
+    ' "phase": "optimizer", "step": 15, "steps_lost": 5, "seconds_lost": 30.0, "line": "hang: ..."'
+    ', "job": "8", "job_nodes": 2, "action": "requeued without n2"}',
+]
+
+
+def test_records_written_before_decision_existed_are_read_and_written_back_alike(tmp_path):
+    failures = tmp_path / "failures.jsonl"
+    failures.write_text("".join(line + "\n" for line in OLD_LINES))
+    (restarted,) = records.read(failures, "7")
+    (requeued,) = records.read(failures, "8")
+    assert (restarted.kind, restarted.decision) == (FaultKind.CRASH, Action.RESTARTED)
+    assert (requeued.kind, requeued.decision) == (FaultKind.HANG, Action.REQUEUED)
+    for line, record in zip(OLD_LINES, (restarted, requeued), strict=True):
+        assert record.to_json() == {**json.loads(line), "decision": record.decision.value}
