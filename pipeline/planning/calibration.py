@@ -17,6 +17,7 @@ from pipeline.config import ModelConfig
 from pipeline.planning.hardware import Hardware, preset
 from pipeline.planning.memory import memory_per_gpu
 from pipeline.planning.parallel_layout import ParallelLayout
+from pipeline.planning.search import RECOMPUTE_MODES
 from pipeline.planning.throughput import CONSTANTS, Constants, expected_step
 from pipeline.runtime.gpus import capacity_bytes, memory_gb
 
@@ -24,7 +25,6 @@ PUBLISHED = Path(__file__).with_name("published.json")
 WITHIN = 0.15  # the bounds a change must keep (tests/unit/test_throughput_model.py)
 SHARE_WITHIN = 0.80
 MEDIAN_BOUND = 0.10
-RECOMPUTE_MODES = ("none", "selective", "full")
 
 
 @dataclass(frozen=True)
