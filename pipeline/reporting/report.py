@@ -1,4 +1,4 @@
-"""report.md and report.html: the data, loss and throughput curves, test results, samples,
+"""report.md and report.html: the data, the launcher's plan, loss and throughput curves, test results, samples,
 job accounting and configuration of a run, all from what its steps recorded. Every file is
 written atomically."""
 
@@ -91,6 +91,30 @@ def _data_section(manifest: dict, weights: dict[str, float]) -> list[tuple]:
         header = ("source", "share of samples", "documents", "train / validation / test tokens")
         blocks.append(("table", (*header, "rejected", "duplicates removed"), rows))
     return blocks
+
+
+def _plan_section(plan: dict | None) -> list[tuple]:
+    """The plan the launcher made (plan.json, pipeline.planning.run_plan), as it was made: the
+    layout, the memory and speed estimates and the GPU they assumed, and why."""
+    if not plan:
+        return []
+    gpu, hw, step = plan.get("gpu"), plan["hardware"], plan["step"]
+    fits = {True: "fits", False: "DOES NOT FIT", None: "memory not known"}[plan.get("fits")]
+    gpu_text = f"{hw['name']} ({gpu['source']})" if gpu else "none named (CPU ranks)"
+    rows = [
+        ("layout", plan["description"]),
+        ("GPU and fabric assumed", f"{gpu_text}, NVLink domain {hw['nvlink_domain']}"),
+        ("memory per GPU (estimate)", f"{plan['memory_bytes']['total'] / 2**30:.1f} GiB, {fits}"),
+    ]
+    if gpu:  # a CPU run's speed is not modelled
+        rows += [
+            ("expected tokens/s per GPU", f"{step['tokens_per_s_per_gpu']:,.0f}"),
+            ("expected MFU", f"{step['mfu']:.2f}"),
+            ("expected step", _seconds(step["step_s"])),
+        ]
+    if plan.get("reasons"):
+        rows.append(("chosen", plan["reasons"]))
+    return [("h2", "Plan"), _kv(rows)]
 
 
 def _training_section(paths: RunPaths, summary: dict, metrics: Metrics) -> list[tuple]:
@@ -344,6 +368,7 @@ def report_blocks(paths: RunPaths, evaluation: dict) -> list[tuple]:
     weights = (files.read_json_or_none(paths.train_done) or {}).get("source_weights", {})
     return [
         *_data_section(manifest, weights),
+        *_plan_section(files.read_json_or_none(paths.plan)),
         *_training_section(paths, summary, metrics),
         *_faults_section(paths),
         *_stragglers_section(paths),

@@ -32,3 +32,22 @@ def test_each_token_count_says_what_it_counts(tmp_path):
     labels = {row[0]: row[1] for row in rows if len(row) == 2}
     assert labels["tokens of all splits"] == 1000 and "tokens" not in labels
     assert labels["train_split_tokens"] == 900 and labels["trained_tokens"] == 4096
+
+
+def test_the_report_shows_the_plan_the_launcher_wrote(tmp_path):
+    from pipeline.core import files
+    from pipeline.planning import run_plan
+    from pipeline.reporting import report
+    from tests.conftest import GPU_GIVEN, make_config
+
+    cfg = make_config(
+        tmp_path, *GPU_GIVEN, "model=gpt-1.3b", "cluster.gpu=H200", "train.recompute=auto"
+    )
+    plan = run_plan.make(cfg, (32000, "given"))
+    blocks = report._plan_section(files.read_json(run_plan.write(plan, tmp_path)))
+    rows = dict(blocks[1][2])
+    assert blocks[0] == ("h2", "Plan") and rows["layout"] == plan.layout.describe()
+    assert rows["GPU and fabric assumed"].startswith("H200 (cluster.gpu=H200)")
+    assert rows["expected tokens/s per GPU"] == f"{plan.step['tokens_per_s_per_gpu']:,.0f}"
+    assert rows["chosen"] == cfg.train.auto_choice
+    assert report._plan_section(None) == []  # a run launched before plans were kept
