@@ -1,6 +1,6 @@
-"""report.md and report.html: the data, the launcher's plan, loss and throughput curves, test results, samples,
-job accounting and configuration of a run, all from what its steps recorded. Every file is
-written atomically."""
+"""report.md and report.html: the data, the launcher's plan, the loss and throughput curves,
+test results, samples, job accounting and configuration of a run, all from what its steps and
+its launch recorded. Every file is written atomically."""
 
 from __future__ import annotations
 
@@ -99,19 +99,20 @@ def _plan_section(plan: dict | None) -> list[tuple]:
     if not plan:
         return []
     gpu, hw, step = plan.get("gpu"), plan["hardware"], plan["step"]
-    fits = {True: "fits", False: "DOES NOT FIT", None: "memory not known"}[plan.get("fits")]
-    gpu_text = f"{hw['name']} ({gpu['source']})" if gpu else "none named (CPU ranks)"
-    rows = [
-        ("layout", plan["description"]),
-        ("GPU and fabric assumed", f"{gpu_text}, NVLink domain {hw['nvlink_domain']}"),
-        ("memory per GPU (estimate)", f"{plan['memory_bytes']['total'] / 2**30:.1f} GiB, {fits}"),
-    ]
-    if gpu:  # a CPU run's speed is not modelled
+    on_gpus = plan["layout"]["fused_kernels"]  # CPU ranks: memory only, no speed model
+    fits = {True: "fits", False: "DOES NOT FIT", None: "capacity not known"}[plan.get("fits")]
+    memory = f"{plan['memory_bytes']['total'] / 2**30:.1f} GiB"
+    rows = [("layout", plan["description"])]
+    if on_gpus and gpu:
         rows += [
+            ("GPU assumed", f"{hw['name']} ({gpu['source']}), NVLink domain {hw['nvlink_domain']}"),
+            ("memory per GPU (estimate)", f"{memory}, {fits}"),
             ("expected tokens/s per GPU", f"{step['tokens_per_s_per_gpu']:,.0f}"),
             ("expected MFU", f"{step['mfu']:.2f}"),
             ("expected step", _seconds(step["step_s"])),
         ]
+    else:
+        rows.append(("memory per CPU rank (estimate)", memory))
     if plan.get("reasons"):
         rows.append(("chosen", plan["reasons"]))
     return [("h2", "Plan"), _kv(rows)]

@@ -1,7 +1,9 @@
 """summary.json and the report name each token count for what it counts: the training split,
-all splits, the tokens trained on."""
+all splits, the tokens trained on; the report shows the plan the launcher wrote."""
 
 from __future__ import annotations
+
+import json
 
 from pipeline.core import files
 from pipeline.core.paths import RunPaths
@@ -47,7 +49,10 @@ def test_the_report_shows_the_plan_the_launcher_wrote(tmp_path):
     blocks = report._plan_section(files.read_json(run_plan.write(plan, tmp_path)))
     rows = dict(blocks[1][2])
     assert blocks[0] == ("h2", "Plan") and rows["layout"] == plan.layout.describe()
-    assert rows["GPU and fabric assumed"].startswith("H200 (cluster.gpu=H200)")
+    assert rows["GPU assumed"] == "H200 (cluster.gpu=H200), NVLink domain 8"
     assert rows["expected tokens/s per GPU"] == f"{plan.step['tokens_per_s_per_gpu']:,.0f}"
     assert rows["chosen"] == cfg.train.auto_choice
     assert report._plan_section(None) == []  # a run launched before plans were kept
+    cpu = run_plan.make(make_config(tmp_path / "cpu", "model=tiny"), (1000, "given"))
+    rows = dict(report._plan_section(json.loads(json.dumps(cpu.to_json())))[1][2])
+    assert set(rows) == {"layout", "memory per CPU rank (estimate)"}  # no speed model on CPUs
