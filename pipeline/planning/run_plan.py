@@ -14,18 +14,15 @@ import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from types import MappingProxyType
 
 from pipeline.config import PipelineConfig
 from pipeline.core import files
 from pipeline.core.paths import RunPaths
 from pipeline.data import datasets
-from pipeline.planning import hardware, run_gpu
+from pipeline.planning import hardware, run_gpu, search
 from pipeline.planning.hardware import Hardware
-from pipeline.planning.memory import memory_per_gpu
 from pipeline.planning.parallel_layout import ParallelLayout
 from pipeline.planning.run_gpu import RunGpu
-from pipeline.planning.throughput import expected_step
 
 FORMAT = 1  # plan.json's format, raised when a field changes meaning
 
@@ -73,13 +70,14 @@ def make(cfg: PipelineConfig, vocab: tuple[int, str] | None = None) -> Plan:
     layout = ParallelLayout.of(cfg)
     gpu = run_gpu.of(cfg)
     hw = hardware.of(cfg, (gpu or run_gpu.ASSUMED).name)
+    figures = search.estimate(cfg.model, vocab_size, layout, hw)  # the auto search's, if made
     return Plan(
         model=cfg.model.name,
         vocab_size=vocab_size,
         vocab_source=source,
         layout=layout,
-        memory=MappingProxyType(memory_per_gpu(cfg.model, vocab_size, layout)),
-        step=MappingProxyType(expected_step(cfg.model, vocab_size, layout, hw)),
+        memory=figures.memory,
+        step=figures.throughput,
         gpu=gpu,
         hardware=hw,
         reasons=cfg.train.auto_choice,

@@ -8,8 +8,9 @@ the preflight hint (`search_layouts`), `--validate` and the scaling tables
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from types import MappingProxyType
 
 from pipeline.config import ModelConfig, PipelineConfig
 from pipeline.model.sizes import ffn_hidden_size
@@ -45,8 +46,8 @@ class Constraints:
 @dataclass(frozen=True)
 class Candidate:
     layout: ParallelLayout
-    memory: dict[str, int]
-    throughput: dict[str, float]
+    memory: Mapping[str, int]  # bytes on the busiest GPU, by part (memory_per_gpu)
+    throughput: Mapping[str, float]  # the expected step (expected_step)
 
     @property
     def tokens_per_s(self) -> float:
@@ -181,6 +182,24 @@ def search(
     return found
 
 
+# A layout's figures, made once per process: the plan made at launch (run_plan) reads those the
+# auto values' search made for the layout it chose. Pure functions of the key; bounded.
+_ESTIMATES: dict[tuple, Candidate] = {}
+_ESTIMATES_KEPT = 50_000
+
+
+def estimate(m: ModelConfig, vocab: int, layout: ParallelLayout, hw: Hardware) -> Candidate:
+    """The layout's memory breakdown and expected step on `hw`, made once."""
+    key = (repr(m), vocab, layout, hw)  # a model config is mutable, so not hashable itself
+    if key not in _ESTIMATES:
+        if len(_ESTIMATES) >= _ESTIMATES_KEPT:
+            del _ESTIMATES[next(iter(_ESTIMATES))]  # the oldest
+        memory = MappingProxyType(memory_per_gpu(m, vocab, layout))
+        step = MappingProxyType(expected_step(m, vocab, layout, hw))
+        _ESTIMATES[key] = Candidate(layout, memory, step)
+    return _ESTIMATES[key]
+
+
 def _consider(
     m: ModelConfig,
     vocab: int,
@@ -189,7 +208,8 @@ def _consider(
     capacity: int | None,
     found: Search,
 ) -> None:
-    memory = memory_per_gpu(m, vocab, layout)
+    candidate = estimate(m, vocab, layout, hw)
+    memory = candidate.memory
     if capacity is not None and memory["total"] > capacity:
         vp = f" vp={layout.virtual_pipeline}" if layout.virtual_pipeline else ""
         found.rejected.append(
@@ -198,7 +218,7 @@ def _consider(
             f"{memory['total'] / GIB:.1f} GiB > {capacity / GIB:.1f} GiB"
         )
         return
-    found.feasible.append(Candidate(layout, memory, expected_step(m, vocab, layout, hw)))
+    found.feasible.append(candidate)
 
 
 def search_layouts(

@@ -487,19 +487,24 @@ def _count_planning_calls(monkeypatch) -> dict[str, list]:
 def test_the_launcher_makes_the_plan_once_and_hands_it_down(tmp_path, monkeypatch, capsys):
     from pipeline.orchestration import launch
 
-    cfg = make_config(
+    monkeypatch.setattr(search, "_ESTIMATES", {})  # figures an earlier test made
+    calls = _count_planning_calls(monkeypatch)
+    cfg = make_config(  # the auto values' search, then the launcher
         tmp_path,
         *GPU_SLURM,
         "model=gpt-1.3b",
         "train.steps=10",
         "train.warmup_steps=1",
+        "train.micro_batch_size=auto",
         "dry_run=true",
     )
-    calls = _count_planning_calls(monkeypatch)
     assert launch.launch(cfg, []) == 0
     layout = ParallelLayout.of(cfg)
-    # the preflight checks and the printed plan read the one plan: no figure made twice
-    assert calls["memory_per_gpu"] == [layout] and calls["expected_step"] == [layout]
+    # the search made the chosen layout's figures; the plan, the preflight checks and the
+    # printed plan read them: none made twice
+    assert len(calls["memory_per_gpu"]) > 1
+    assert calls["memory_per_gpu"].count(layout) == calls["expected_step"].count(layout) == 1
+    assert "[plan] expected on H100" in capsys.readouterr().err
     assert not run_plan.path(tmp_path).exists()  # a dry run writes nothing
 
 
