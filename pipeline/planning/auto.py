@@ -4,7 +4,8 @@ anything runs or is submitted.
 
 Every open combination (tensor and pipeline sizes that divide the job's GPUs and the model,
 micro-batches that divide the global batch over the data-parallel ranks, each recompute mode)
-is estimated for memory (pipeline.planning.memory) and speed (pipeline.planning.throughput).
+is estimated for memory (pipeline.planning.memory) and speed (pipeline.planning.throughput) by
+the one layout search (pipeline.planning.search), under the constraints the config sets.
 Of those whose estimate leaves MARGIN of the GPU free, the fastest by the estimate is taken,
 with two allowances for what the estimate cannot tell apart: between parallel layouts within
 LAYOUT_TIE of the fastest, the one with the least model parallelism (tensor x pipeline), as its
