@@ -150,18 +150,23 @@ def micro_batches(cfg: PipelineConfig, per_rank: int, fixed_layout: bool) -> lis
     return divisors(per_rank)
 
 
-def open_sizes(cfg: PipelineConfig) -> list[tuple[int, int]]:
-    """The (tensor, pipeline) sizes the search opens for this run."""
-    return list(parallel_sizes(cfg.model, world_size(cfg.cluster), constraints(cfg)[0]))
+def open_sizes(cfg: PipelineConfig, open_: Constraints) -> list[tuple[int, int]]:
+    """The (tensor, pipeline) sizes the search opens for this run under `open_`."""
+    return list(parallel_sizes(cfg.model, world_size(cfg.cluster), open_))
 
 
-def options(cfg: PipelineConfig, vocab: int, hw: Hardware | None = None) -> list[Option]:
+def options(
+    cfg: PipelineConfig,
+    vocab: int,
+    hw: Hardware | None = None,
+    open_: Constraints | None = None,
+) -> list[Option]:
     """Every open combination with its estimates, fastest first, by the one layout search
     (`hw`: the GPUs and fabric, which weigh compute against communication, the config's
-    cluster when None)."""
+    cluster when None; `open_`: the run's constraints, when the caller has them)."""
     hw = hw or hardware.of(cfg)
-    fixed = len(open_sizes(cfg)) == 1
-    open_ = constraints(cfg)[0]
+    open_ = open_ or constraints(cfg)[0]
+    fixed = len(open_sizes(cfg, open_)) == 1
     open_ = replace(open_, micro_batches=lambda per_rank: micro_batches(cfg, per_rank, fixed))
     gpus_, global_batch = world_size(cfg.cluster), cfg.train.global_batch_size
     found = search(cfg.model, vocab, gpus_, global_batch, hw, base_layout(cfg), open_)
@@ -217,13 +222,13 @@ def settle(cfg: PipelineConfig) -> PipelineConfig:
         return _on_cpu(cfg)
     capacity, source, name = gpu_capacity(cfg)
     vocab = vocab_size(cfg)[0]
-    kept = constraints(cfg)[1]
-    found = options(cfg, vocab, hardware.of(cfg, name))
+    open_, kept = constraints(cfg)  # read once: a resume's checkpoint records
+    found = options(cfg, vocab, hardware.of(cfg, name), open_)
     chosen, best, too_big = choose(found, capacity)
     layout_open = AUTO in (cfg.parallel.tensor, cfg.parallel.pipeline)
     lo = chosen.layout
     why_layout = kept or "the only layout"
-    if len(open_sizes(cfg)) > 1:
+    if len(open_sizes(cfg, open_)) > 1:
         why_layout = f"the least model parallelism within {LAYOUT_TIE:.0%} of the fastest"
     where = f"TP={lo.tensor} PP={lo.pipeline} DP={lo.data} ({why_layout})"
     why = (
