@@ -9,6 +9,7 @@ from pathlib import Path
 
 from pipeline.core import files
 from pipeline.core.paths import RunPaths
+from pipeline.reporting.plan_section import plan_blocks
 from pipeline.reporting.plots import loss_series, plot_checkpoints, plot_losses, plot_throughput
 from pipeline.reporting.summary import (
     SUMMARY_FROM_EVAL,
@@ -91,31 +92,6 @@ def _data_section(manifest: dict, weights: dict[str, float]) -> list[tuple]:
         header = ("source", "share of samples", "documents", "train / validation / test tokens")
         blocks.append(("table", (*header, "rejected", "duplicates removed"), rows))
     return blocks
-
-
-def _plan_section(plan: dict | None) -> list[tuple]:
-    """The plan the launcher made (plan.json, pipeline.planning.run_plan), as it was made: the
-    layout, the memory and speed estimates and the GPU they assumed, and why."""
-    if not plan:
-        return []
-    gpu, hw, step = plan.get("gpu"), plan["hardware"], plan["step"]
-    on_gpus = plan["layout"]["fused_kernels"]  # CPU ranks: memory only, no speed model
-    fits = {True: "fits", False: "DOES NOT FIT", None: "capacity not known"}[plan.get("fits")]
-    memory = f"{plan['memory_bytes']['total'] / 2**30:.1f} GiB"
-    rows = [("layout", plan["description"])]
-    if on_gpus and gpu:
-        rows += [
-            ("GPU assumed", f"{hw['name']} ({gpu['source']}), NVLink domain {hw['nvlink_domain']}"),
-            ("memory per GPU (estimate)", f"{memory}, {fits}"),
-            ("expected tokens/s per GPU", f"{step['tokens_per_s_per_gpu']:,.0f}"),
-            ("expected MFU", f"{step['mfu']:.2f}"),
-            ("expected step", _seconds(step["step_s"])),
-        ]
-    else:
-        rows.append(("memory per CPU rank (estimate)", memory))
-    if plan.get("reasons"):
-        rows.append(("chosen", plan["reasons"]))
-    return [("h2", "Plan"), _kv(rows)]
 
 
 def _training_section(paths: RunPaths, summary: dict, metrics: Metrics) -> list[tuple]:
@@ -369,7 +345,7 @@ def report_blocks(paths: RunPaths, evaluation: dict) -> list[tuple]:
     weights = (files.read_json_or_none(paths.train_done) or {}).get("source_weights", {})
     return [
         *_data_section(manifest, weights),
-        *_plan_section(files.read_json_or_none(paths.plan)),
+        *plan_blocks(files.read_json_or_none(paths.plan)),
         *_training_section(paths, summary, metrics),
         *_faults_section(paths),
         *_stragglers_section(paths),

@@ -37,22 +37,24 @@ def test_each_token_count_says_what_it_counts(tmp_path):
 
 
 def test_the_report_shows_the_plan_the_launcher_wrote(tmp_path):
-    from pipeline.core import files
     from pipeline.planning import run_plan
-    from pipeline.reporting import report
+    from pipeline.reporting import plan_section
     from tests.conftest import GPU_GIVEN, make_config
 
     cfg = make_config(
         tmp_path, *GPU_GIVEN, "model=gpt-1.3b", "cluster.gpu=H200", "train.recompute=auto"
     )
     plan = run_plan.make(cfg, (32000, "given"))
-    blocks = report._plan_section(files.read_json(run_plan.write(plan, tmp_path)))
+    run_plan.write(plan, tmp_path)
+    report = report_blocks(_run(tmp_path), {})
+    blocks = report[report.index(("h2", "Plan")) :][:2]  # after Data, before Training
+    assert report.index(("h2", "Plan")) < report.index(("h2", "Training"))
     rows = dict(blocks[1][2])
     assert blocks[0] == ("h2", "Plan") and rows["layout"] == plan.layout.describe()
     assert rows["GPU assumed"] == "H200 (cluster.gpu=H200), NVLink domain 8"
     assert rows["expected tokens/s per GPU"] == f"{plan.step['tokens_per_s_per_gpu']:,.0f}"
     assert rows["chosen"] == cfg.train.auto_choice
-    assert report._plan_section(None) == []  # a run launched before plans were kept
+    assert plan_section.plan_blocks(None) == []  # a run launched before plans were kept
     cpu = run_plan.make(make_config(tmp_path / "cpu", "model=tiny"), (1000, "given"))
-    rows = dict(report._plan_section(json.loads(json.dumps(cpu.to_json())))[1][2])
+    rows = dict(plan_section.plan_blocks(json.loads(json.dumps(cpu.to_json())))[1][2])
     assert set(rows) == {"layout", "memory per CPU rank (estimate)"}  # no speed model on CPUs
