@@ -58,7 +58,6 @@ class Candidate:
 class Search:
     feasible: list[Candidate] = field(default_factory=list)  # in the order searched
     rejected: list[str] = field(default_factory=list)  # why each other layout is left out
-    sizes: list[tuple[int, int]] = field(default_factory=list)  # (TP, PP) pairs open
 
     def ranked(self) -> list[Candidate]:
         """Fastest first; of equal speed, the least memory first."""
@@ -149,7 +148,6 @@ def search(
     (precision, optimizer and overlap settings), each with its memory and speed estimate."""
     found = Search()
     for tensor, pipeline in parallel_sizes(m, gpus, c, found.rejected):
-        found.sizes.append((tensor, pipeline))
         data = gpus // (tensor * pipeline)
         if global_batch % data:
             where = f"TP={tensor} PP={pipeline} DP={data}"
