@@ -21,7 +21,7 @@ from pipeline import cli, usage
 from pipeline.config import PipelineConfig
 from pipeline.core import log
 from pipeline.core.errors import ConfigError
-from pipeline.planning import preflight, run_gpu
+from pipeline.planning import preflight, run_plan
 from pipeline.planning.render import PlanOptions, plan_json, plan_lines
 
 _FLAGS = {
@@ -98,11 +98,12 @@ def pop_options(argv: list[str]) -> tuple[PlanOptions, list[str]]:
 
 
 def show(options: PlanOptions, cfg: PipelineConfig) -> None:
-    preflight.check_fp8(cfg, run_gpu.of(cfg))  # what the launcher refuses, the plan does too
+    plan = run_plan.make(cfg)  # once: every line and the JSON read it
+    preflight.check_fp8(cfg, plan.gpu)  # what the launcher refuses, the plan does too
     if options.json:
-        print(json.dumps(plan_json(cfg, options), indent=1))
+        print(json.dumps(plan_json(cfg, plan, options), indent=1))
     else:
-        print("\n".join(plan_lines(cfg, options)))
+        print("\n".join(plan_lines(cfg, plan, options)))
 
 
 def main() -> None:

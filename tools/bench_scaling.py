@@ -21,7 +21,7 @@ import argparse
 import json
 import subprocess
 import sys
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -79,24 +79,17 @@ def run_overrides(model: str, layout: Layout, gpus: int, micro: int, batch: int,
 
 
 def planned(overrides: list[str], gpu: str) -> dict:
-    """The planner's memory and speed estimate of the config on this host's GPUs."""
+    """The planner's memory and speed estimate of the config on this host's GPUs: the plan the
+    launcher would make (pipeline.planning.run_plan)."""
     from pipeline.config import compose
-    from pipeline.planning import hardware
-    from pipeline.planning.memory import memory_per_gpu
-    from pipeline.planning.parallel_layout import ParallelLayout
-    from pipeline.planning.throughput import expected_step
-    from pipeline.runtime.gpus import capacity_bytes, memory_gb, model_name
+    from pipeline.planning import auto, hardware, run_plan
+    from pipeline.runtime.gpus import model_name
 
     # the model of nvidia-smi's name (H100 for "NVIDIA H100 80GB"); H100's for one unknown
-    hw = hardware.preset(model_name(gpu) or hardware.DEFAULT_GPU)
-    cfg = compose("/tmp/unused", *overrides, f"cluster.gpu={hw.name}", check=False)
-    layout = ParallelLayout.of(cfg)
-    per_rank = cfg.train.global_batch_size // layout.data
-    layout = replace(layout, grad_accum=per_rank // layout.micro_batch)
-    memory = memory_per_gpu(cfg.model, VOCAB, layout)["total"]
-    estimate = expected_step(cfg.model, VOCAB, layout, hardware.of(cfg))
-    fits = memory <= capacity_bytes(memory_gb(hw.name) or 80)
-    return {"memory_gib": memory / 2**30, "fits": fits, **estimate}
+    name = hardware.preset(model_name(gpu) or hardware.DEFAULT_GPU).name
+    cfg = compose("/tmp/unused", *overrides, f"cluster.gpu={name}", settle=auto.settle)
+    plan = run_plan.make(cfg, (VOCAB, "tools/bench_train.py"))
+    return {"memory_gib": plan.memory["total"] / 2**30, "fits": bool(plan.fits), **plan.step}
 
 
 def fitting(model: str, layout: Layout, gpus: int, args, batch: int, gpu: str):

@@ -58,7 +58,7 @@ def rows(name: str, weak: bool, hw: hardware.Hardware, capacity: int) -> list[st
         if choice is None:
             out.append(f"| {gpus} | {batch} | no layout fits (memory or batch) | | | | | |")
             continue
-        lo, e = choice.layout, choice.estimate
+        lo, e = choice.layout, choice.throughput
         first = first or e["tokens_per_s_per_gpu"]
         vp = f"x{lo.virtual_pipeline}" if lo.virtual_pipeline else ""
         layout = f"TP{lo.tensor} PP{lo.pipeline}{vp} DP{lo.data} mb{lo.micro_batch} {lo.recompute}"

@@ -23,6 +23,7 @@ class TokenizerType(Choice):
 class Activation(Choice):
     swiglu = "swiglu"
     gelu = "gelu"
+    squared_relu = "squared_relu"  # relu(x)^2 (Primer; Nemotron-4), megatron-core's squared_relu
 
 
 class Normalization(Choice):

@@ -25,6 +25,12 @@ class RunPaths:
         return self.root / "config.yaml"
 
     @property
+    def plan(self) -> Path:
+        """The plan of the latest launch that trains (pipeline.planning.run_plan), read by the
+        report; no step's completion or rerun verdict depends on it."""
+        return self.root / "plan.json"
+
+    @property
     def lock(self) -> Path:
         """Held by the one launcher working on this run folder."""
         return self.root / "pipeline.lock"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from pipeline.config import PipelineConfig
@@ -16,8 +17,15 @@ if TYPE_CHECKING:
     from pipeline.model.backends.base import Backend
 
 
-def transformer_config(cfg: PipelineConfig, backend: Backend) -> TransformerConfig:
+def activation_function(activation: str) -> Callable:
+    """The MLP's activation as megatron-core takes it (SwiGLU: silu with a gated FC1)."""
     import torch.nn.functional as F
+    from megatron.core.activations import squared_relu
+
+    return {"swiglu": F.silu, "gelu": F.gelu, "squared_relu": squared_relu}[activation]
+
+
+def transformer_config(cfg: PipelineConfig, backend: Backend) -> TransformerConfig:
     from megatron.core.transformer.transformer_config import TransformerConfig
 
     m, p, t, s = cfg.model, cfg.parallel, cfg.train, settled(cfg)
@@ -38,7 +46,7 @@ def transformer_config(cfg: PipelineConfig, backend: Backend) -> TransformerConf
         num_query_groups=m.num_query_groups or m.num_attention_heads,
         ffn_hidden_size=ffn_hidden_size(m),
         gated_linear_unit=m.activation == "swiglu",
-        activation_func=F.silu if m.activation == "swiglu" else F.gelu,
+        activation_func=activation_function(m.activation),
         normalization=m.normalization,
         add_bias_linear=m.add_bias_linear,
         init_method_std=m.init_method_std,

@@ -14,7 +14,6 @@ from pipeline.core.errors import ConfigError
 from pipeline.core.lock import run_lock
 from pipeline.core.paths import RunPaths
 from pipeline.core.steps import Placement
-from pipeline.data.datasets import vocab_size
 from pipeline.exporting.steps import EXPORT
 from pipeline.exporting.steps import folder as export_folder
 from pipeline.orchestration import (
@@ -27,7 +26,8 @@ from pipeline.orchestration import (
     sweep,
 )
 from pipeline.orchestration.reruns import Verdict
-from pipeline.planning import preflight, render
+from pipeline.planning import preflight, render, run_plan
+from pipeline.planning.run_plan import Plan
 
 _log = log.get("pipeline")
 
@@ -45,8 +45,10 @@ def launch(cfg: PipelineConfig, given: list[str]) -> int:
     steps to run; print where it all went. `given`: this command line's overrides, recorded
     in runs.jsonl. A dry run prints what it would do, and writes nothing."""
     preflight.check_stage_inputs(cfg)
-    if "train" in cfg.stages:  # refuse what would fail after hours in the queue
-        preflight.check_training(cfg, vocab_size(cfg)[0])
+    # the plan of a run that trains, made once: checked, printed and kept in the run folder
+    plan = run_plan.make(cfg) if "train" in cfg.stages else None
+    if plan is not None:  # refuse what would fail after hours in the queue
+        preflight.check_training(cfg, plan)
         preflight.check_epochs(cfg)
     verdicts = reruns.judge(cfg)
     reruns.refuse_changes(cfg, verdicts)
@@ -61,7 +63,7 @@ def launch(cfg: PipelineConfig, given: list[str]) -> int:
         # a job no node can run: the queue would hold it forever
         partitions.check_fits(cfg, [v.step for v in verdicts if v.state in reruns.RUN])
     if cfg.dry_run:
-        _run_pending(cfg, verdicts, prepare=False)
+        _run_pending(cfg, verdicts, plan, prepare=False)
         return 0
     paths = RunPaths.of(cfg.workdir)
     with run_lock(paths.root):  # one launcher per run folder
@@ -80,7 +82,9 @@ def launch(cfg: PipelineConfig, given: list[str]) -> int:
             steps={v.step.name: v.state for v in verdicts},
         )
         files.write_text(paths.config, config.to_yaml(cfg))
-        _run_pending(cfg, verdicts, prepare=True)
+        if plan is not None:
+            run_plan.write(plan, paths.root)
+        _run_pending(cfg, verdicts, plan, prepare=True)
     print(f"\nRun folder: {paths.root}")
     if paths.summary.exists():
         print(f"Summary:    {paths.summary}")
@@ -101,9 +105,11 @@ def _link_prepared_data(prepared: Path, paths: RunPaths) -> None:
             os.symlink(source / name, link)
 
 
-def _run_pending(cfg: PipelineConfig, verdicts: list[Verdict], prepare: bool) -> None:
-    if "train" in cfg.stages:  # the plan, before anything is submitted
-        for line in render.summary_lines(cfg, vocab_size(cfg)[0]):
+def _run_pending(
+    cfg: PipelineConfig, verdicts: list[Verdict], plan: Plan | None, prepare: bool
+) -> None:
+    if plan is not None:  # the plan, before anything is submitted
+        for line in render.summary_lines(cfg, plan):
             log.get().info(line)  # the plan's lines, each opening with [plan]
     if prepare:  # cheap work that fixes the size of an array (the built-in corpus, shard plan)
         for step in graph.steps(cfg):

@@ -4,7 +4,8 @@ anything runs or is submitted.
 
 Every open combination (tensor and pipeline sizes that divide the job's GPUs and the model,
 micro-batches that divide the global batch over the data-parallel ranks, each recompute mode)
-is estimated for memory (pipeline.planning.memory) and speed (pipeline.planning.throughput).
+is estimated for memory (pipeline.planning.memory) and speed (pipeline.planning.throughput) by
+the one layout search (pipeline.planning.search), under the constraints the config sets.
 Of those whose estimate leaves MARGIN of the GPU free, the fastest by the estimate is taken,
 with two allowances for what the estimate cannot tell apart: between parallel layouts within
 LAYOUT_TIE of the fastest, the one with the least model parallelism (tensor x pipeline), as its
@@ -27,10 +28,14 @@ from pipeline.core.paths import RunPaths
 from pipeline.data.datasets import vocab_size
 from pipeline.planning import hardware, run_gpu
 from pipeline.planning.hardware import Hardware
-from pipeline.planning.memory import memory_per_gpu
 from pipeline.planning.parallel_layout import ParallelLayout
-from pipeline.planning.search import divisors, pipeline_problem, tensor_parallel_problem
-from pipeline.planning.throughput import expected_step
+from pipeline.planning.search import (
+    Constraints,
+    base_layout,
+    divisors,
+    parallel_sizes,
+    search,
+)
 from pipeline.planning.units import GIB
 from pipeline.runtime import gpus
 from pipeline.training.checkpoint_records import tracked_state
@@ -87,26 +92,30 @@ def gpu_capacity(cfg: PipelineConfig) -> tuple[int, str, str]:
     )
 
 
-def parallel_layouts(cfg: PipelineConfig) -> tuple[list[tuple[int, int]], str]:
-    """The (tensor, pipeline) sizes left open, and why when a resume fixes them."""
-    p, m = cfg.parallel, cfg.model
-    if AUTO not in (p.tensor, p.pipeline):
-        return [(p.tensor, p.pipeline)], ""
-    gpus_ = world_size(cfg.cluster)
-    saved = (tracked_state(RunPaths.of(cfg.workdir)) or {}).get("layout")
-    if saved and gpus_ % (saved["tensor"] * saved["pipeline"]) == 0:
-        kept = (saved["tensor"], saved["pipeline"])
-        if all(
-            given in (AUTO, was) for given, was in zip((p.tensor, p.pipeline), kept, strict=True)
-        ):
-            return [kept], "as the checkpoint to resume was saved"
-    tensors, pipelines = [p.tensor], [p.pipeline]
-    if p.tensor == AUTO:
-        tensors = [t for t in divisors(gpus_) if tensor_parallel_problem(m, t) is None]
-    if p.pipeline == AUTO:  # virtual stages only with pipeline stages (laid_out)
-        stages = p.virtual_pipeline or 1
-        pipelines = [q for q in divisors(gpus_) if q == 1 or not pipeline_problem(m, q * stages)]
-    return [(t, q) for t in tensors for q in pipelines if gpus_ % (t * q) == 0], ""
+def constraints(cfg: PipelineConfig) -> tuple[Constraints, str]:
+    """The search's constraints for the run's open values (TP and PP sizes, micro-batches,
+    recompute modes; sequence parallelism and virtual stages as the run uses them), and why
+    when a resume fixes the TP and PP sizes."""
+    p, t = cfg.parallel, cfg.train
+    tensors = None if p.tensor == AUTO else (p.tensor,)
+    pipelines = None if p.pipeline == AUTO else (p.pipeline,)
+    kept = ""
+    saved = None
+    if AUTO in (p.tensor, p.pipeline):
+        saved = (tracked_state(RunPaths.of(cfg.workdir)) or {}).get("layout")
+    if saved and world_size(cfg.cluster) % (saved["tensor"] * saved["pipeline"]) == 0:
+        was = (saved["tensor"], saved["pipeline"])
+        if all(given in (AUTO, w) for given, w in zip((p.tensor, p.pipeline), was, strict=True)):
+            tensors, pipelines = (was[0],), (was[1],)
+            kept = "as the checkpoint to resume was saved"
+    return Constraints(
+        tensors=tensors,
+        pipelines=pipelines,
+        search_virtual=False,
+        virtual_pipeline=p.virtual_pipeline,
+        recompute=RECOMPUTE_MODES if t.recompute == AUTO else (t.recompute,),
+        sequence_parallel=p.sequence_parallel,
+    ), kept
 
 
 def laid_out(cfg: PipelineConfig, tensor: int, pipeline: int) -> PipelineConfig:
@@ -120,14 +129,11 @@ def laid_out(cfg: PipelineConfig, tensor: int, pipeline: int) -> PipelineConfig:
     return replace(cfg, parallel=parallel)
 
 
-def micro_batches(cfg: PipelineConfig, data: int, fixed_layout: bool) -> list[int]:
-    """The micro-batches open for `data` data-parallel ranks: the one given, the one a given
-    train.grad_accum fixes, else every divisor of a rank's share of the global batch.
-    `fixed_layout`: the layout is the user's, so a batch that does not split is their error."""
+def micro_batches(cfg: PipelineConfig, per_rank: int, fixed_layout: bool) -> list[int]:
+    """The micro-batches open for a data-parallel rank's `per_rank` sequences: the one given,
+    the one a given train.grad_accum fixes, else every divisor of them. `fixed_layout`: the
+    layout is the user's, so a batch that does not split is their error."""
     t = cfg.train
-    if t.global_batch_size % data:
-        return []
-    per_rank = t.global_batch_size // data
     if t.grad_accum is not None and (t.micro_batch_size == AUTO or t.hold_global_batch):
         if per_rank % t.grad_accum == 0:
             return [per_rank // t.grad_accum]
@@ -144,33 +150,27 @@ def micro_batches(cfg: PipelineConfig, data: int, fixed_layout: bool) -> list[in
     return divisors(per_rank)
 
 
+def open_sizes(cfg: PipelineConfig, open_: Constraints) -> list[tuple[int, int]]:
+    """The (tensor, pipeline) sizes the search opens for this run under `open_`."""
+    return list(parallel_sizes(cfg.model, world_size(cfg.cluster), open_))
+
+
 def options(
     cfg: PipelineConfig,
     vocab: int,
     hw: Hardware | None = None,
-    layouts: list[tuple[int, int]] | None = None,
+    open_: Constraints | None = None,
 ) -> list[Option]:
-    """Every open combination with its estimates, fastest first (`hw`: the GPUs and fabric,
-    which weigh compute against communication, the config's cluster when None; `layouts`: the
-    (tensor, pipeline) sizes open, when the caller has them)."""
+    """Every open combination with its estimates, fastest first, by the one layout search
+    (`hw`: the GPUs and fabric, which weigh compute against communication, the config's
+    cluster when None; `open_`: the run's constraints, when the caller has them)."""
     hw = hw or hardware.of(cfg)
-    t = cfg.train
-    modes = RECOMPUTE_MODES if t.recompute == AUTO else (t.recompute,)
-    layouts = layouts or parallel_layouts(cfg)[0]
-    found = []
-    for tensor, pipeline in layouts:
-        shaped = laid_out(cfg, tensor, pipeline)
-        data = world_size(cfg.cluster) // (tensor * pipeline)
-        for micro in micro_batches(cfg, data, fixed_layout=len(layouts) == 1):
-            per_rank = t.global_batch_size // data
-            one = replace(t, micro_batch_size=micro, grad_accum=per_rank // micro, recompute="none")
-            base = ParallelLayout.of(replace(shaped, train=one))
-            for mode in modes:
-                layout = replace(base, recompute=mode)
-                memory = memory_per_gpu(cfg.model, vocab, layout)["total"]
-                speed = expected_step(cfg.model, vocab, layout, hw)
-                found.append(Option(layout, memory, speed["tokens_per_s_per_gpu"]))
-    return sorted(found, key=lambda o: (-o.tokens_per_s, o.memory))
+    open_ = open_ or constraints(cfg)[0]
+    fixed = len(open_sizes(cfg, open_)) == 1
+    open_ = replace(open_, micro_batches=lambda per_rank: micro_batches(cfg, per_rank, fixed))
+    gpus_, global_batch = world_size(cfg.cluster), cfg.train.global_batch_size
+    found = search(cfg.model, vocab, gpus_, global_batch, hw, base_layout(cfg), open_)
+    return [Option(c.layout, c.memory["total"], c.tokens_per_s) for c in found.ranked()]
 
 
 def choose(found: list[Option], capacity: int) -> tuple[Option, Option, Option | None]:
@@ -222,13 +222,13 @@ def settle(cfg: PipelineConfig) -> PipelineConfig:
         return _on_cpu(cfg)
     capacity, source, name = gpu_capacity(cfg)
     vocab = vocab_size(cfg)[0]
-    layouts, kept = parallel_layouts(cfg)  # read once: a resume's checkpoint records
-    found = options(cfg, vocab, hardware.of(cfg, name), layouts)
+    open_, kept = constraints(cfg)  # read once: a resume's checkpoint records
+    found = options(cfg, vocab, hardware.of(cfg, name), open_)
     chosen, best, too_big = choose(found, capacity)
     layout_open = AUTO in (cfg.parallel.tensor, cfg.parallel.pipeline)
     lo = chosen.layout
     why_layout = kept or "the only layout"
-    if len(layouts) > 1:
+    if len(open_sizes(cfg, open_)) > 1:
         why_layout = f"the least model parallelism within {LAYOUT_TIE:.0%} of the fastest"
     where = f"TP={lo.tensor} PP={lo.pipeline} DP={lo.data} ({why_layout})"
     why = (
@@ -253,7 +253,8 @@ def _on_cpu(cfg: PipelineConfig) -> PipelineConfig:
     asked = (cfg.parallel.tensor, cfg.parallel.pipeline)
     shaped = laid_out(cfg, *(1 if size == AUTO else size for size in asked))
     data = world_size(cfg.cluster) // (shaped.parallel.tensor * shaped.parallel.pipeline)
-    open_ = micro_batches(cfg, data, fixed_layout=True) or [1]
+    per_rank = cfg.train.global_batch_size // data
+    open_ = micro_batches(cfg, per_rank, fixed_layout=True) or [1]
     micro = max([m for m in open_ if m <= CPU_MICRO_BATCH] or [min(open_)])
     recompute = "none" if cfg.train.recompute == AUTO else cfg.train.recompute
     p = shaped.parallel

@@ -19,7 +19,7 @@ def planner_choice(row: v.Row) -> tuple[ParallelLayout, float] | None:
     choice = best_layout(
         row.model, row.vocab, pub.gpus, pub.global_batch, row.hardware, capacity, pub
     )
-    return (choice.layout, choice.estimate["tokens_per_s_per_gpu"]) if choice else None
+    return (choice.layout, choice.tokens_per_s) if choice else None
 
 
 def why_slower(row: v.Row, published_layout: ParallelLayout) -> str:

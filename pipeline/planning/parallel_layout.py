@@ -62,7 +62,8 @@ class ParallelLayout:
             sequence_parallel=sp,
             distributed_optimizer=p.distributed_optimizer,
             overlap_grad_reduce=p.overlap_grad_reduce,
-            overlap_param_gather=p.overlap_param_gather,
+            # megatron-core gathers weights only with the distributed optimizer
+            overlap_param_gather=p.overlap_param_gather and p.distributed_optimizer,
             tp_comm_overlap=p.tp_comm_overlap and s.tensor > 1 and sp,
             bucket_params=p.ddp_bucket_size,
             precision=t.precision,

@@ -22,12 +22,9 @@ from pipeline.model.huggingface import files as hf_files
 from pipeline.model.huggingface import tokenizer as hf_tokenizer
 from pipeline.model.parameters import parameter_count
 from pipeline.model.sizes import padded_vocab
-from pipeline.planning import hardware, run_gpu
-from pipeline.planning.memory import memory_per_gpu
-from pipeline.planning.parallel_layout import ParallelLayout
 from pipeline.planning.run_gpu import RunGpu
+from pipeline.planning.run_plan import Plan
 from pipeline.planning.search import search_layouts
-from pipeline.planning.throughput import expected_step
 from pipeline.planning.units import gib
 from pipeline.runtime import gpus
 from pipeline.training import checkpoint_records
@@ -173,14 +170,14 @@ def check_epochs(cfg: PipelineConfig) -> None:
         raise ConfigError(problem)
 
 
-def _check_host_memory(cfg: PipelineConfig, vocab_size: int) -> None:
+def _check_host_memory(cfg: PipelineConfig, plan: Plan) -> None:
     """A CPU run whose ranks on a node would need more memory than the node has: this
     machine when run here, cluster.mem_gb (when given) on Slurm."""
     c = cfg.cluster
     if trains_on_gpu(cfg) or (c.executor == "slurm" and not c.mem_gb):
         return
     ranks = world_size(c) // c.nodes
-    need = ranks * memory_per_gpu(cfg.model, vocab_size, ParallelLayout.of(cfg))["total"]
+    need = ranks * plan.memory["total"]
     if c.executor == "slurm":
         have, where = c.mem_gb * 10**9, f"cluster.mem_gb={c.mem_gb} of a node"
     else:
@@ -192,17 +189,18 @@ def _check_host_memory(cfg: PipelineConfig, vocab_size: int) -> None:
         )
 
 
-def _check_fits(cfg: PipelineConfig, vocab_size: int, gpu: RunGpu | None) -> None:
+def _check_fits(cfg: PipelineConfig, plan: Plan) -> None:
+    gpu = plan.gpu
     if gpu is None or gpu.assumed or gpu.capacity is None or not trains_on_gpu(cfg):
         return
-    need = memory_per_gpu(cfg.model, vocab_size, ParallelLayout.of(cfg))["total"]
-    capacity = gpu.capacity
+    need, capacity = plan.memory["total"], gpu.capacity
     if need <= capacity:
         return
     ranks = world_size(cfg.cluster)
-    hw = hardware.of(cfg, gpu.name)
     per_node = cfg.cluster.gpus_per_node
-    found = search_layouts(cfg, vocab_size, ranks, 0, per_node, hw, capacity=capacity)
+    found = search_layouts(
+        cfg, plan.vocab_size, ranks, 0, per_node, plan.hardware, capacity=capacity
+    )
     if found.feasible:
         lo = found.feasible[0].layout
         turned_on = lo.sequence_parallel and not cfg.parallel.sequence_parallel
@@ -215,13 +213,13 @@ def _check_fits(cfg: PipelineConfig, vocab_size: int, gpu: RunGpu | None) -> Non
     else:
         hint = f"no layout of {ranks} GPUs fits: use more GPUs"
     raise ConfigError(
-        f"train.micro_batch_size: {ParallelLayout.of(cfg).describe()} needs ~{gib(need)} per GPU, "
+        f"train.micro_batch_size: {plan.layout.describe()} needs ~{gib(need)} per GPU, "
         f"more than the {gib(capacity)} of each {gpu.name} ({gpu.source}); {hint} "
         "(python -m pipeline.plan --search)"
     )
 
 
-def _check_time_limit(cfg: PipelineConfig, vocab_size: int, gpu: RunGpu | None) -> None:
+def _check_time_limit(cfg: PipelineConfig, plan: Plan) -> None:
     """The warning signal must leave time to finish the step and save; the limit must leave
     time to train before the signal."""
     if cfg.cluster.executor != "slurm":
@@ -230,16 +228,14 @@ def _check_time_limit(cfg: PipelineConfig, vocab_size: int, gpu: RunGpu | None) 
     # written once and hashed once by its writer; in the background, a save already in flight
     # when the signal comes is finished first
     writes = 3 if t.async_save else 2
-    save_s = writes * checkpoint_bytes(cfg, vocab_size) / (c.checkpoint_write_gbps * 1e9)
-    step_s = 0.0
-    if trains_on_gpu(cfg) and gpu is not None:
-        layout, hw = ParallelLayout.of(cfg), hardware.of(cfg, gpu.name)
-        step_s = expected_step(cfg.model, vocab_size, layout, hw)["step_s"]
+    saved = checkpoint_bytes(cfg, plan.vocab_size)
+    save_s = writes * saved / (c.checkpoint_write_gbps * 1e9)
+    step_s = plan.step["step_s"] if trains_on_gpu(cfg) and plan.gpu is not None else 0.0
     need = save_s + step_s + SAVE_MARGIN_S
     if t.exit_signal_lead_s < need:
         raise ConfigError(
             f"train.exit_signal_lead_s: {t.exit_signal_lead_s} s may not be enough to finish a "
-            f"step (~{step_s:.0f} s) and save {gib(checkpoint_bytes(cfg, vocab_size))} "
+            f"step (~{step_s:.0f} s) and save {gib(saved)} "
             f"(~{save_s:.0f} s at cluster.checkpoint_write_gbps={c.checkpoint_write_gbps:g}); "
             f"set at least {math.ceil(need)}"
         )
@@ -251,21 +247,20 @@ def _check_time_limit(cfg: PipelineConfig, vocab_size: int, gpu: RunGpu | None) 
         )
 
 
-def check_training(cfg: PipelineConfig, vocab_size: int) -> None:
+def check_training(cfg: PipelineConfig, plan: Plan) -> None:
     """What would otherwise fail after hours in the queue, refused before anything is
     submitted: GPU settings without GPUs, fp8 without fp8 tensor cores, a layout that does not
     fit the GPUs' memory, a time limit or signal lead too short to save a checkpoint, a CPU
-    resume under another layout. Raises ConfigError."""
-    gpu = run_gpu.of(cfg)
+    resume under another layout; each against the run's `plan`. Raises ConfigError."""
     _check_device(cfg)
     _check_processes(cfg)
-    check_fp8(cfg, gpu)
-    _check_fits(cfg, vocab_size, gpu)
-    _check_host_memory(cfg, vocab_size)
-    _check_time_limit(cfg, vocab_size, gpu)
-    _check_resume_layout(cfg, vocab_size)
+    check_fp8(cfg, plan.gpu)
+    _check_fits(cfg, plan)
+    _check_host_memory(cfg, plan)
+    _check_time_limit(cfg, plan)
+    _check_resume_layout(cfg, plan.vocab_size)
     if cfg.model.init_from:
-        check_init_from(cfg, vocab_size)
+        check_init_from(cfg, plan.vocab_size)
 
 
 def _check_resume_layout(cfg: PipelineConfig, vocab_size: int) -> None:

@@ -10,11 +10,12 @@ from pipeline.config import PipelineConfig
 from pipeline.config.choices import RECOMPUTE_MODES
 from pipeline.config.derived import world_size
 from pipeline.core.paths import RunPaths
-from pipeline.data import datasets, mixture
+from pipeline.data import mixture
 from pipeline.model.flops import flops_per_sequence
 from pipeline.model.parameters import parameter_count, stage_params
 from pipeline.model.sizes import ffn_hidden_size
 from pipeline.planning import hardware, run_gpu
+from pipeline.planning.hardware import Hardware
 from pipeline.planning.memory import (
     memory_per_gpu,
     micro_batches_in_flight,
@@ -22,8 +23,9 @@ from pipeline.planning.memory import (
 )
 from pipeline.planning.parallel_layout import ParallelLayout
 from pipeline.planning.run_gpu import RunGpu
+from pipeline.planning.run_plan import Plan
 from pipeline.planning.search import search_layouts
-from pipeline.planning.throughput import expected_step, steps_for, tokens_per_step
+from pipeline.planning.throughput import steps_for, tokens_per_step
 from pipeline.planning.units import GIB, count, duration, gib
 from pipeline.planning.units import flops as flops_text
 from pipeline.resilience import watchdog
@@ -43,12 +45,11 @@ class PlanOptions:
     json: bool = False
 
 
-def summary_lines(cfg: PipelineConfig, vocab_size: int) -> list[str]:
-    """A few lines for the launcher to print before it submits: parameters, FLOPs, per-GPU
-    memory of the configured layout, tokens per step, the expected speed on the run's GPU."""
-    layout = ParallelLayout.of(cfg)
+def summary_lines(cfg: PipelineConfig, plan: Plan) -> list[str]:
+    """A few lines for the launcher to print before it submits: parameters, FLOPs, the plan's
+    per-GPU memory, tokens per step, its expected speed on the run's GPU."""
+    layout, memory, vocab_size = plan.layout, plan.memory, plan.vocab_size
     counts = parameter_count(cfg.model, vocab_size, layout.tensor)
-    memory = memory_per_gpu(cfg.model, vocab_size, layout)
     where = "GPU" if layout.fused_kernels else "rank"
     per_token = flops_per_sequence(cfg.model, vocab_size, layout.tensor) / cfg.model.seq_length
     steps = cfg.train.steps
@@ -61,11 +62,11 @@ def summary_lines(cfg: PipelineConfig, vocab_size: int) -> list[str]:
         f"{count(counts['embedding'])}, output layer {count(counts['output_layer'])}), "
         f"{per_token / 1e9:.2f} GFLOP/token",
         f"[plan] memory per {where} ~{gib(memory['total'])} ({parts} GiB) for {layout.describe()}",
-        *([f"[plan] chosen: {cfg.train.auto_choice}"] if cfg.train.auto_choice else []),
+        *([f"[plan] chosen: {plan.reasons}"] if plan.reasons else []),
         *_overlap_lines(cfg, layout),
         f"[plan] {tokens_per_step(cfg):,} tokens/step x {steps} steps = "
         f"{count(tokens_per_step(cfg) * steps)} tokens",
-        *_speed_lines(cfg, vocab_size, layout, run_gpu.of(cfg)),
+        *_speed_lines(plan),
         *mixture.plan_lines(cfg),
         *_watchdog_lines(cfg),
     ]
@@ -94,14 +95,11 @@ def _overlap_lines(cfg: PipelineConfig, layout: ParallelLayout) -> list[str]:
     return [f"[plan] communication: {settings}; gradient buckets of {bucket}"]
 
 
-def _speed_lines(
-    cfg: PipelineConfig, vocab_size: int, layout: ParallelLayout, gpu: RunGpu | None
-) -> list[str]:
+def _speed_lines(plan: Plan) -> list[str]:
     """The layout's expected speed on the run's GPU."""
-    if not layout.fused_kernels or gpu is None:
+    gpu, hw, est = plan.gpu, plan.hardware, plan.step
+    if not plan.layout.fused_kernels or gpu is None:
         return []
-    hw = hardware.of(cfg, gpu.name)
-    est = expected_step(cfg.model, vocab_size, layout, hw)
     assumed = f" ({gpu.source})" if gpu.assumed else ""
     return [
         f"[plan] expected on {hw.name}{assumed}: {est['tokens_per_s_per_gpu']:,.0f} tokens/s per GPU, "
@@ -139,15 +137,11 @@ def _parameter_lines(
     return lines
 
 
-def _memory_lines(
-    cfg: PipelineConfig, vocab_size: int, layout: ParallelLayout, gpu: RunGpu | None
-) -> list[str]:
-    memory = memory_per_gpu(cfg.model, vocab_size, layout)
-    other = memory_per_gpu(
-        cfg.model,
-        vocab_size,
-        replace(layout, distributed_optimizer=not layout.distributed_optimizer),
-    )
+def _memory_lines(cfg: PipelineConfig, plan: Plan) -> list[str]:
+    layout, memory, gpu = plan.layout, plan.memory, plan.gpu
+    # the one figure beside the plan's: the other distributed-optimizer setting
+    flipped = replace(layout, distributed_optimizer=not layout.distributed_optimizer)
+    other = memory_per_gpu(cfg.model, plan.vocab_size, flipped)
     with_opt = memory if layout.distributed_optimizer else other
     without = other if layout.distributed_optimizer else memory
     in_flight = micro_batches_in_flight(layout, memory["stage"])
@@ -180,7 +174,7 @@ def _memory_lines(
     lines += [f"  {name:<12} {gib(value):>10}  {note}" for name, value, note in rows]
     against = ""
     if gpu is not None and gpu.capacity is not None:
-        fits = "fits" if memory["total"] <= gpu.capacity else "DOES NOT FIT"
+        fits = "fits" if plan.fits else "DOES NOT FIT"
         against = f"of {gib(gpu.capacity)} of {_gpu_text(gpu)}: {fits} "
     lines.append(
         f"  {'total':<12} {gib(memory['total']):>10}  {against}(with distributed optimizer "
@@ -222,13 +216,8 @@ def _gpu_text(gpu: RunGpu) -> str:
     return f"{gpu.name} ({gpu.source})"
 
 
-def _time_lines(
-    cfg: PipelineConfig,
-    vocab_size: int,
-    layout: ParallelLayout,
-    options: PlanOptions,
-    gpu: RunGpu | None,
-) -> list[str]:
+def _time_lines(cfg: PipelineConfig, plan: Plan, options: PlanOptions) -> list[str]:
+    layout, gpu = plan.layout, plan.gpu
     per_step = tokens_per_step(cfg)
     budget, source = token_budget(cfg, options)
     steps = steps_for(budget, cfg)
@@ -239,8 +228,7 @@ def _time_lines(
     if gpu is None:
         lines.append("Wall time: no GPU in this config; name one with --gpu H100 for an estimate")
         return lines
-    hw = hardware.of(cfg, gpu.name)
-    est = expected_step(cfg.model, vocab_size, layout, hw)
+    hw, est = plan.hardware, plan.step
     step_s, how = est["step_s"], f"estimated for this layout, MFU {est['mfu']:.2f}"
     if options.mfu:  # the user's MFU instead of the estimate's
         step_s *= est["mfu"] / options.mfu
@@ -269,9 +257,8 @@ def breakdown_text(est: dict[str, float]) -> str:
 
 
 def _search_lines(
-    cfg: PipelineConfig, vocab_size: int, gpus: int, per_node: int, gpu: RunGpu
+    cfg: PipelineConfig, vocab_size: int, gpus: int, per_node: int, gpu: RunGpu, hw: Hardware
 ) -> list[str]:
-    hw = hardware.of(cfg, gpu.name)
     capacity = gpu.capacity or 0
     found = search_layouts(cfg, vocab_size, gpus, 0, per_node, hw, capacity=capacity)
     lines = [
@@ -305,41 +292,39 @@ def _search_lines(
     return lines
 
 
-def plan_lines(cfg: PipelineConfig, options: PlanOptions) -> list[str]:
+def plan_lines(cfg: PipelineConfig, plan: Plan, options: PlanOptions) -> list[str]:
     """The whole plan for a validated config, as lines to print; every figure for the run's
     GPU (a CPU run's only when one is named)."""
-    vocab_size, source = datasets.vocab_size(cfg)
-    layout = ParallelLayout.of(cfg)
-    gpu = run_gpu.of(cfg)
+    vocab_size, layout, gpu = plan.vocab_size, plan.layout, plan.gpu
     flops = flops_per_sequence(cfg.model, vocab_size, layout.tensor)
-    lines = _parameter_lines(cfg, vocab_size, source, layout)
+    lines = _parameter_lines(cfg, vocab_size, plan.vocab_source, layout)
     lines.append(
         f"FLOPs per token: {flops_text(flops / cfg.model.seq_length)} ({flops_text(flops)} per "
         "sequence; Megatron-LM's formula)"
     )
     gpus = f"{layout.gpus} GPU{'' if layout.gpus == 1 else 's'}"
     lines.append(f"Layout: {gpus}, {layout.describe()}")
-    if cfg.train.auto_choice:
-        lines.append(f"  chosen: {cfg.train.auto_choice}")
-    lines += _memory_lines(cfg, vocab_size, layout, gpu)
+    if plan.reasons:
+        lines.append(f"  chosen: {plan.reasons}")
+    lines += _memory_lines(cfg, plan)
     lines += _activation_table(cfg, layout)
-    lines += _time_lines(cfg, vocab_size, layout, options, gpu)
+    lines += _time_lines(cfg, plan, options)
     lines += [line.removeprefix("[plan] ") for line in mixture.plan_lines(cfg)]
     if options.search:
         gpus = options.gpus or world_size(cfg.cluster)
         per_node = max(1, min(cfg.cluster.gpus_per_node or 8, gpus))
         searched = gpu if gpu is not None and gpu.capacity else run_gpu.ASSUMED
-        lines += _search_lines(cfg, vocab_size, gpus, per_node, searched)
+        # the plan's GPU and fabric, or H100 assumed where the plan's GPU has no known memory
+        same = searched is (plan.gpu or run_gpu.ASSUMED)
+        hw = plan.hardware if same else hardware.of(cfg, run_gpu.ASSUMED.name)
+        lines += _search_lines(cfg, vocab_size, gpus, per_node, searched, hw)
     return lines
 
 
-def plan_json(cfg: PipelineConfig, options: PlanOptions) -> dict:
+def plan_json(cfg: PipelineConfig, plan: Plan, options: PlanOptions) -> dict:
     """The configured (or chosen) layout and its estimate, for other tools to read."""
-    vocab_size, _ = datasets.vocab_size(cfg)
-    layout = ParallelLayout.of(cfg)
-    gpu = run_gpu.of(cfg) or run_gpu.ASSUMED
-    hw = hardware.of(cfg, gpu.name)
-    est = expected_step(cfg.model, vocab_size, layout, hw)
+    layout, hw, est = plan.layout, plan.hardware, plan.step
+    gpu = plan.gpu or run_gpu.ASSUMED
     steps = steps_for(token_budget(cfg, options)[0], cfg)
     return {
         "model": cfg.model.name,
@@ -353,7 +338,7 @@ def plan_json(cfg: PipelineConfig, options: PlanOptions) -> dict:
         "step_seconds": est["step_s"],
         "steps": steps,
         "wall_seconds": est["step_s"] * steps,
-        "memory_gib_per_gpu": memory_per_gpu(cfg.model, vocab_size, layout)["total"] / GIB,
+        "memory_gib_per_gpu": plan.memory["total"] / GIB,
         "layout": {
             "tp": layout.tensor,
             "pp": layout.pipeline,
@@ -374,5 +359,5 @@ def plan_json(cfg: PipelineConfig, options: PlanOptions) -> dict:
             "exposed_dp": est["dp_comm_s"],
             "optimizer": est["optimizer_s"],
         },
-        "auto_choice": cfg.train.auto_choice,
+        "auto_choice": plan.reasons,
     }

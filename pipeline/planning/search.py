@@ -1,10 +1,16 @@
-"""The parallel layouts of a model on N GPUs: every (TP, PP, DP, micro-batch, accumulation,
-recompute) that fits the GPUs' memory, fastest first by the throughput estimate, and why each
-other one does not fit."""
+"""The one search over parallel layouts: every (TP, PP, virtual stages, DP, micro-batch,
+accumulation, recompute, sequence parallelism) of a model on N GPUs at a global batch, each
+estimated for memory (pipeline.planning.memory) and speed (pipeline.planning.throughput), with
+a reason for each layout it leaves out. What each caller may open is a `Constraints` argument:
+the launcher's auto values (pipeline.planning.auto), `python -m pipeline.plan --search` and
+the preflight hint (`search_layouts`), `--validate` and the scaling tables
+(pipeline.planning.scaling) all enumerate here."""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from types import MappingProxyType
 
 from pipeline.config import ModelConfig, PipelineConfig
 from pipeline.config.choices import RECOMPUTE_MODES
@@ -19,20 +25,45 @@ from pipeline.runtime.gpus import GPU_BY_MEMORY, capacity_bytes
 
 
 @dataclass(frozen=True)
+class Constraints:
+    """What the search may open; each default opens everything the model allows."""
+
+    tensors: tuple[int, ...] | None = None  # TP sizes allowed; None: every divisor of the GPUs
+    max_tensor: int | None = None  # TP at most this (an NVLink domain)
+    pipelines: tuple[int, ...] | None = None  # PP sizes allowed; None: every divisor
+    # virtual stages: searched (None and every even split, where the schedule can run), or
+    # this fixed number with pipeline stages
+    search_virtual: bool = True
+    virtual_pipeline: int | None = None
+    # micro-batches open for a rank's share of the global batch; None: every divisor of it
+    micro_batches: Callable[[int], Sequence[int]] | None = None
+    recompute: tuple[str, ...] = RECOMPUTE_MODES
+    sequence_parallel: bool | None = None  # None: on whenever TP > 1
+    capacity: int | None = None  # bytes a GPU holds: a layout needing more is rejected
+
+
+@dataclass(frozen=True)
 class Candidate:
     layout: ParallelLayout
-    memory: dict[str, int]
-    throughput: dict[str, float]
+    memory: Mapping[str, int]  # bytes on the busiest GPU, by part (memory_per_gpu)
+    throughput: Mapping[str, float]  # the expected step (expected_step)
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.throughput["tokens_per_s_per_gpu"]
 
 
 @dataclass
 class Search:
-    feasible: list[Candidate] = field(default_factory=list)  # best first
-    rejected: list[str] = field(default_factory=list)  # why each other layout does not fit
+    feasible: list[Candidate] = field(default_factory=list)  # in the order searched
+    rejected: list[str] = field(default_factory=list)  # why each other layout is left out
+
+    def ranked(self) -> list[Candidate]:
+        """Fastest first; of equal speed, the least memory first."""
+        return sorted(self.feasible, key=lambda c: (-c.tokens_per_s, c.memory["total"]))
 
 
 def divisors(n: int) -> list[int]:
-    """The sizes a parallel dimension of n GPUs, or a batch of n sequences, splits into."""
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
@@ -53,10 +84,21 @@ def pipeline_problem(m: ModelConfig, pipeline: int) -> str | None:
     return None
 
 
-def _base_layout(cfg: PipelineConfig) -> ParallelLayout:
-    """What the search keeps from the config: precision, optimizer and overlap settings."""
+def virtual_stages(m: ModelConfig, pipeline: int, grad_accum: int) -> list[int | None]:
+    """Virtual pipeline stages worth trying: none, and up to 8 that split each stage's layers
+    evenly where the interleaved schedule can run (micro-batches a multiple of the stages)."""
+    if pipeline == 1 or grad_accum % pipeline:
+        return [None]
+    per_stage = m.num_layers // pipeline
+    return [None] + [v for v in range(2, 9) if per_stage % v == 0]
+
+
+def base_layout(cfg: PipelineConfig) -> ParallelLayout:
+    """What a search keeps from the config: precision, recompute depth, optimizer and overlap
+    settings, on GPUs."""
     p, t = cfg.parallel, cfg.train
     return ParallelLayout(
+        recompute_layers=t.recompute_layers,
         distributed_optimizer=p.distributed_optimizer,
         overlap_grad_reduce=p.overlap_grad_reduce,
         overlap_param_gather=p.overlap_param_gather and p.distributed_optimizer,
@@ -67,13 +109,113 @@ def _base_layout(cfg: PipelineConfig) -> ParallelLayout:
     )
 
 
-def virtual_stages(m: ModelConfig, pipeline: int, grad_accum: int) -> list[int | None]:
-    """Virtual pipeline stages worth trying: none, and up to 8 that split each stage's layers
-    evenly where the interleaved schedule can run (micro-batches a multiple of the stages)."""
-    if pipeline == 1 or grad_accum % pipeline:
-        return [None]
-    per_stage = m.num_layers // pipeline
-    return [None] + [v for v in range(2, 9) if per_stage % v == 0]
+def parallel_sizes(
+    m: ModelConfig, gpus: int, c: Constraints, rejected: list[str] | None = None
+) -> Iterator[tuple[int, int]]:
+    """The (TP, PP) pairs open for `gpus` GPUs, in order; why each size is left out goes into
+    `rejected` as the pairs are reached."""
+    rejected = [] if rejected is None else rejected
+    for tensor in c.tensors or divisors(gpus):
+        if gpus % tensor or (c.max_tensor is not None and tensor > c.max_tensor):
+            continue
+        problem = tensor_parallel_problem(m, tensor)
+        if problem:
+            rejected.append(problem)
+            continue
+        for pipeline in divisors(gpus // tensor):
+            if c.pipelines is not None and pipeline not in c.pipelines:
+                continue
+            stages = 1 if c.search_virtual or pipeline == 1 else c.virtual_pipeline or 1
+            problem = pipeline_problem(m, pipeline * stages)
+            if problem:
+                if problem not in rejected:  # once, not for every TP
+                    rejected.append(problem)
+                continue
+            yield tensor, pipeline
+
+
+def search(
+    m: ModelConfig,
+    vocab: int,
+    gpus: int,
+    global_batch: int,
+    hw: Hardware,
+    base: ParallelLayout,
+    c: Constraints = Constraints(),
+) -> Search:
+    """Every layout `c` opens for `gpus` GPUs of `hw` at `global_batch` sequences, from `base`
+    (precision, optimizer and overlap settings), each with its memory and speed estimate."""
+    found = Search()
+    for tensor, pipeline in parallel_sizes(m, gpus, c, found.rejected):
+        data = gpus // (tensor * pipeline)
+        if global_batch % data:
+            where = f"TP={tensor} PP={pipeline} DP={data}"
+            found.rejected.append(f"{where}: global batch {global_batch} not divisible by DP")
+            continue
+        per_rank = global_batch // data
+        sequence = tensor > 1 if c.sequence_parallel is None else c.sequence_parallel
+        micros = c.micro_batches(per_rank) if c.micro_batches else divisors(per_rank)
+        for micro in micros:
+            accum = per_rank // micro
+            virtuals = [c.virtual_pipeline if pipeline > 1 else None]
+            if c.search_virtual:
+                virtuals = virtual_stages(m, pipeline, accum)
+            for virtual in virtuals:
+                for mode in c.recompute:
+                    layout = replace(
+                        base,
+                        tensor=tensor,
+                        pipeline=pipeline,
+                        virtual_pipeline=virtual,
+                        data=data,
+                        context=1,
+                        micro_batch=micro,
+                        grad_accum=accum,
+                        recompute=mode,
+                        sequence_parallel=sequence,
+                        tp_comm_overlap=base.tp_comm_overlap and tensor > 1 and sequence,
+                    )
+                    _consider(m, vocab, layout, hw, c.capacity, found)
+    return found
+
+
+# A layout's figures, made once per process: the plan made at launch (run_plan) reads those the
+# auto values' search made for the layout it chose. Pure functions of the key; bounded.
+_ESTIMATES: dict[tuple, Candidate] = {}
+_ESTIMATES_KEPT = 50_000
+
+
+def estimate(m: ModelConfig, vocab: int, layout: ParallelLayout, hw: Hardware) -> Candidate:
+    """The layout's memory breakdown and expected step on `hw`, made once."""
+    key = (repr(m), vocab, layout, hw)  # a model config is mutable, so not hashable itself
+    if key not in _ESTIMATES:
+        if len(_ESTIMATES) >= _ESTIMATES_KEPT:
+            del _ESTIMATES[next(iter(_ESTIMATES))]  # the oldest
+        memory = MappingProxyType(memory_per_gpu(m, vocab, layout))
+        step = MappingProxyType(expected_step(m, vocab, layout, hw))
+        _ESTIMATES[key] = Candidate(layout, memory, step)
+    return _ESTIMATES[key]
+
+
+def _consider(
+    m: ModelConfig,
+    vocab: int,
+    layout: ParallelLayout,
+    hw: Hardware,
+    capacity: int | None,
+    found: Search,
+) -> None:
+    candidate = estimate(m, vocab, layout, hw)
+    memory = candidate.memory
+    if capacity is not None and memory["total"] > capacity:
+        vp = f" vp={layout.virtual_pipeline}" if layout.virtual_pipeline else ""
+        found.rejected.append(
+            f"TP={layout.tensor} PP={layout.pipeline}{vp} DP={layout.data} "
+            f"mbs={layout.micro_batch} recompute={layout.recompute}: needs "
+            f"{memory['total'] / GIB:.1f} GiB > {capacity / GIB:.1f} GiB"
+        )
+        return
+    found.feasible.append(candidate)
 
 
 def search_layouts(
@@ -85,73 +227,24 @@ def search_layouts(
     hw: Hardware | None = None,
     capacity: int | None = None,
 ) -> Search:
-    """Every (TP, PP, virtual stages, DP, micro-batch, accumulation, recompute) for `gpus` GPUs
-    of `gpu_memory_gb` at the config's sequence length and global batch: those that fit,
+    """Everything the search opens for the config's model on `gpus` GPUs of `gpu_memory_gb`
+    (`python -m pipeline.plan --search`, and the layout the preflight suggests): those that fit,
     fastest first by `expected_step` on `hw` (the preset of the GPU of that memory, with
     `gpus_per_node` to an NVLink domain, when None), and a reason for each that does not.
-    `capacity`: the bytes a GPU holds when known exactly (a GPU found on this machine).
-    Sequence parallelism is on whenever TP > 1 (less memory, the same traffic)."""
+    `capacity`: the bytes a GPU holds when known exactly."""
     capacity = capacity or capacity_bytes(gpu_memory_gb)
     if hw is None:
         hw = hardware.preset(GPU_BY_MEMORY.get(int(gpu_memory_gb), "H100"))
         if hw.nvlink_domain <= hardware.NODE:
             hw = replace(hw, nvlink_domain=gpus_per_node)
-    global_batch = cfg.train.global_batch_size
-    base = _base_layout(cfg)
-    found = Search()
-    for tensor in divisors(gpus):
-        problem = tensor_parallel_problem(cfg.model, tensor)
-        if problem:
-            found.rejected.append(problem)
-            continue
-        for pipeline in divisors(gpus // tensor):
-            problem = pipeline_problem(cfg.model, pipeline)
-            if problem:
-                if problem not in found.rejected:  # once, not for every TP
-                    found.rejected.append(problem)
-                continue
-            data = gpus // (tensor * pipeline)
-            where = f"TP={tensor} PP={pipeline} DP={data}"
-            if global_batch % data:
-                found.rejected.append(f"{where}: global batch {global_batch} not divisible by DP")
-                continue
-            for micro in divisors(global_batch // data):
-                accum = global_batch // (data * micro)
-                for virtual in virtual_stages(cfg.model, pipeline, accum):
-                    for recompute in RECOMPUTE_MODES:
-                        layout = replace(
-                            base,
-                            tensor=tensor,
-                            pipeline=pipeline,
-                            virtual_pipeline=virtual,
-                            data=data,
-                            micro_batch=micro,
-                            grad_accum=accum,
-                            recompute=recompute,
-                            sequence_parallel=tensor > 1,
-                            tp_comm_overlap=base.tp_comm_overlap and tensor > 1,
-                        )
-                        _consider(cfg, vocab_size, layout, capacity, hw, found)
-    found.feasible.sort(key=lambda c: (-c.throughput["tokens_per_s_per_gpu"], c.memory["total"]))
+    found = search(
+        cfg.model,
+        vocab_size,
+        gpus,
+        cfg.train.global_batch_size,
+        hw,
+        base_layout(cfg),
+        Constraints(capacity=capacity),
+    )
+    found.feasible = found.ranked()
     return found
-
-
-def _consider(
-    cfg: PipelineConfig,
-    vocab_size: int,
-    layout: ParallelLayout,
-    capacity: int,
-    hw: Hardware,
-    found: Search,
-) -> None:
-    memory = memory_per_gpu(cfg.model, vocab_size, layout)
-    if memory["total"] > capacity:
-        vp = f" vp={layout.virtual_pipeline}" if layout.virtual_pipeline else ""
-        found.rejected.append(
-            f"TP={layout.tensor} PP={layout.pipeline}{vp} DP={layout.data} "
-            f"mbs={layout.micro_batch} recompute={layout.recompute}: needs "
-            f"{memory['total'] / GIB:.1f} GiB > {capacity / GIB:.1f} GiB"
-        )
-        return
-    speed = expected_step(cfg.model, vocab_size, layout, hw)
-    found.feasible.append(Candidate(layout, memory, speed))

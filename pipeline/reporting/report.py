@@ -1,6 +1,6 @@
-"""report.md and report.html: the data, loss and throughput curves, test results, samples,
-job accounting and configuration of a run, all from what its steps recorded. Every file is
-written atomically."""
+"""report.md and report.html: the data, the launcher's plan, the loss and throughput curves,
+test results, samples, job accounting and configuration of a run, all from what its steps and
+its launch recorded. Every file is written atomically."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from pathlib import Path
 
 from pipeline.core import files
 from pipeline.core.paths import RunPaths
+from pipeline.reporting.plan_section import plan_blocks
 from pipeline.reporting.plots import loss_series, plot_checkpoints, plot_losses, plot_throughput
 from pipeline.reporting.summary import (
     SUMMARY_FROM_EVAL,
@@ -354,6 +355,7 @@ def report_blocks(paths: RunPaths, evaluation: dict) -> list[tuple]:
     weights = (files.read_json_or_none(paths.train_done) or {}).get("source_weights", {})
     return [
         *_data_section(manifest, weights),
+        *plan_blocks(files.read_json_or_none(paths.plan)),
         *_training_section(paths, summary, metrics),
         *_faults_section(paths),
         *_stragglers_section(paths),

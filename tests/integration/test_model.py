@@ -54,6 +54,11 @@ SHAPES = {
         ],
         130,
     ),
+    # squared ReLU (not gated), RMSNorm, no biases, derived FFN (4h)
+    "squared-relu": (
+        ["model=tiny", *SMALL, "model.activation=squared_relu", "model.ffn_hidden_size=null"],
+        300,
+    ),
     # GeLU, LayerNorm, biases, untied, RoPE, GQA, vocabulary padded to a multiple of 64
     "gelu-layernorm-gqa-untied": (
         [
@@ -151,3 +156,22 @@ def test_each_tensor_parallel_shard_masks_its_own_padding_columns(width, rank, f
 
 def test_a_shard_of_padding_alone_is_masked_whole():
     assert first_padding_column(64, 256, 128, 1) == 0  # ids 128..255: all padding
+
+
+def test_a_squared_relu_mlp_applies_relu_squared(model_parallel, tmp_path):
+    """model.activation=squared_relu: megatron-core's squared_relu between FC1 and FC2, not
+    gated; on GPUs megatron-core's function, as Transformer Engine's op has none."""
+    from megatron.core.activations import squared_relu
+
+    from pipeline.model.backends import te
+
+    cfg = make_config(tmp_path, "model=tiny", *SMALL, "model.activation=squared_relu")
+    mlp = gpt.build(cfg, 300, CpuBackend()).decoder.layers[0].mlp
+    assert mlp.activation_func is squared_relu and not mlp.config.gated_linear_unit
+    x = torch.randn(5, 1, 64)
+    fc1 = torch.nn.functional.linear(x, mlp.linear_fc1.weight)
+    expected = torch.nn.functional.linear(torch.relu(fc1) ** 2, mlp.linear_fc2.weight)
+    torch.testing.assert_close(mlp(x)[0], expected)
+    assert not te.te_activation(cfg) and not te.bias_activation_fusion(cfg)
+    swiglu = make_config(tmp_path, "model=tiny", *SMALL)
+    assert te.te_activation(swiglu) and te.bias_activation_fusion(swiglu)

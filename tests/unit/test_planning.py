@@ -5,6 +5,8 @@ megatron-core model itself.)"""
 
 from __future__ import annotations
 
+import dataclasses
+import json
 from dataclasses import replace
 
 import pytest
@@ -14,7 +16,7 @@ from pipeline.data import datasets
 from pipeline.model import flops
 from pipeline.model.parameters import layer_params, parameter_count, stage_params
 from pipeline.plan import pop_options, show
-from pipeline.planning import memory, preflight, render, run_gpu, search, throughput
+from pipeline.planning import memory, preflight, render, run_gpu, run_plan, search, throughput
 from pipeline.planning.hardware import preset
 from pipeline.planning.parallel_layout import ParallelLayout
 from pipeline.planning.render import PlanOptions, plan_lines
@@ -225,7 +227,7 @@ def test_wall_time_for_a_token_budget(tmp_path):
     # the wall time is the layout's own estimate of a step, not an assumed MFU
     vocab = datasets.vocab_size(cfg)[0]
     step = throughput.expected_step(cfg.model, vocab, ParallelLayout.of(cfg), preset("H100"))
-    lines = plan_lines(cfg, PlanOptions(tokens=1e9))
+    lines = plan_lines(cfg, run_plan.make(cfg), PlanOptions(tokens=1e9))
     wall = next(line for line in lines if line.startswith("Wall time:"))
     assert f"{step['step_s']:.2f} s/step" in wall
     assert f"MFU {step['mfu']:.2f}" in wall and "assumed" not in wall
@@ -290,7 +292,7 @@ def test_plan_options_are_taken_off_the_command_line():
 
 def test_summary_lines_for_the_launcher(tmp_path):
     cfg = make_config(tmp_path, "model=gpt-1.3b", *GPU_GIVEN, "cluster.gpus_per_node=1")
-    lines = render.summary_lines(cfg, 32000)
+    lines = render.summary_lines(cfg, run_plan.make(cfg, (32000, "given")))
     assert "1.36 B parameters" in lines[0] and "output layer 65.5 M" in lines[0]
     assert lines[1].startswith("[plan] memory per GPU ~")
     assert "524,288 tokens/step x 20000 steps" in lines[2]
@@ -309,7 +311,7 @@ def test_summary_lines_for_the_launcher(tmp_path):
     with_save = changed(cfg, "cluster", hang_timeout_s=20.0)
     assert (
         "in a save 125 s (10x the slowest save recorded, 12.5 s)"
-        in render.summary_lines(with_save, 32000)[-1]
+        in render.summary_lines(with_save, run_plan.make(with_save, (32000, "given")))[-1]
     )
 
 
@@ -359,7 +361,7 @@ def test_preflight_refuses_what_would_fail_in_the_queue(overrides, key, fragment
         tmp_path, "train.micro_batch_size=1", "train.global_batch_size=256", *overrides
     )
     with pytest.raises(ConfigError) as error:
-        preflight.check_training(cfg, 32000)
+        preflight.check_training(cfg, run_plan.make(cfg, (32000, "given")))
     assert str(error.value).startswith(f"{key}: ") and fragment in str(error.value)
 
 
@@ -367,7 +369,7 @@ def test_preflight_accepts_a_layout_that_fits_and_time_to_save(tmp_path):
     cfg = make_config(
         tmp_path, *GPU_SLURM, "model=gpt-1.3b", "train.micro_batch_size=4", "train.precision=fp8"
     )
-    preflight.check_training(cfg, 32000)
+    preflight.check_training(cfg, run_plan.make(cfg, (32000, "given")))
 
 
 def test_the_time_estimate_of_an_fp32_run_uses_the_fp32_peak():
@@ -386,7 +388,7 @@ def test_every_line_of_the_plan_is_for_the_runs_gpu(gpu, tmp_path):
     cfg = make_config(
         tmp_path, "model=gpt-1.3b", *GPU_GIVEN, "cluster.gpus_per_node=8", f"cluster.gpu={gpu}"
     )
-    lines = plan_lines(cfg, PlanOptions(search=True))
+    lines = plan_lines(cfg, run_plan.make(cfg), PlanOptions(search=True))
     capacity = f"{capacity_bytes(gpus.memory_gb(gpu)) / 2**30:.1f} GiB"
     total = next(line for line in lines if line.strip().startswith("total"))
     assert f"of {capacity} of {gpu} (cluster.gpu={gpu})" in total
@@ -397,7 +399,7 @@ def test_every_line_of_the_plan_is_for_the_runs_gpu(gpu, tmp_path):
     assert f"expected tokens/s on {gpu} " in search_head
     others = [name for name in gpus.GPUS if name not in gpu and gpu not in name]
     assert not [line for line in lines if any(name in line.split() for name in others)]
-    assert render.plan_json(cfg, PlanOptions())["gpu"] == gpu
+    assert render.plan_json(cfg, run_plan.make(cfg), PlanOptions())["gpu"] == gpu
 
 
 def test_the_plan_refuses_fp8_where_the_launcher_does(tmp_path):
@@ -431,8 +433,10 @@ def test_the_gpu_of_a_run_is_the_one_named_else_the_one_found_here(cluster, dete
 def test_a_gpu_found_on_this_machine_is_the_gpu_of_every_estimate(tmp_path, monkeypatch):
     monkeypatch.setattr(gpus, "local_gpu", lambda: ("NVIDIA H200", 139.8))
     cfg = make_config(tmp_path, "model=gpt-1.3b", *GPU_GIVEN, "cluster.gpus_per_node=1")
-    assert render.summary_lines(cfg, 32000)[3].startswith("[plan] expected on H200: ")
-    lines = plan_lines(cfg, PlanOptions())
+    assert render.summary_lines(cfg, run_plan.make(cfg, (32000, "given")))[3].startswith(
+        "[plan] expected on H200: "
+    )
+    lines = plan_lines(cfg, run_plan.make(cfg), PlanOptions())
     assert "of 139.8 GiB of H200 (this machine's NVIDIA H200)" in "\n".join(lines)
     assert " x H200 (" in next(line for line in lines if line.startswith("Wall time:"))
     chosen = make_config(tmp_path, "train=gpu", "model=gpt-1.3b", "cluster.gpus_per_node=1")
@@ -461,8 +465,78 @@ def test_a_given_tokenizer_sets_the_vocabulary_and_tokenizer_vocab_size_is_not_c
         assert cfg.tokenizer.vocab_size is None
         assert "4096" not in config.to_yaml(cfg)
         assert datasets.vocab_size(cfg) == (100, str(llama / "tokenizer.model"))
-        lines = plan_lines(cfg, PlanOptions())
+        lines = plan_lines(cfg, run_plan.make(cfg), PlanOptions())
         assert f"Vocabulary: 100 ({llama / 'tokenizer.model'}), padded to 128" in lines
     trained = make_config(tmp_path / "other", "model=tiny", "tokenizer.vocab_size=4096")
     assert trained.tokenizer.vocab_size == 4096
     assert datasets.vocab_size(trained) == (4096, "tokenizer.vocab_size")
+
+
+# --- one plan, made once at launch and handed down -----------------------------------------
+
+
+def _count_planning_calls(monkeypatch) -> dict[str, list]:
+    """Every call of the memory and step-time estimates, by whichever planning module."""
+    import importlib
+    import pkgutil
+
+    import pipeline.planning
+
+    calls: dict[str, list] = {"memory_per_gpu": [], "expected_step": []}
+    for info in pkgutil.iter_modules(pipeline.planning.__path__):
+        module = importlib.import_module(f"pipeline.planning.{info.name}")
+        for name, seen in calls.items():
+            original = getattr(module, name, None)
+            if original is None or info.name in ("memory", "throughput"):
+                continue
+
+            def counted(*args, _original=original, _seen=seen, **kwargs):
+                _seen.append(args[2])  # the layout
+                return _original(*args, **kwargs)
+
+            monkeypatch.setattr(module, name, counted)
+    return calls
+
+
+def test_the_launcher_makes_the_plan_once_and_hands_it_down(tmp_path, monkeypatch, capsys):
+    from pipeline.orchestration import launch
+
+    monkeypatch.setattr(search, "_ESTIMATES", {})  # figures an earlier test made
+    calls = _count_planning_calls(monkeypatch)
+    cfg = make_config(  # the auto values' search, then the launcher
+        tmp_path,
+        *GPU_SLURM,
+        "model=gpt-1.3b",
+        "train.steps=10",
+        "train.warmup_steps=1",
+        "train.micro_batch_size=auto",
+        "dry_run=true",
+    )
+    assert launch.launch(cfg, []) == 0
+    layout = ParallelLayout.of(cfg)
+    # the search made the chosen layout's figures; the plan, the preflight checks and the
+    # printed plan read them: none made twice
+    assert len(calls["memory_per_gpu"]) > 1
+    assert calls["memory_per_gpu"].count(layout) == calls["expected_step"].count(layout) == 1
+    assert "[plan] expected on H100" in capsys.readouterr().err
+    assert not run_plan.path(tmp_path).exists()  # a dry run writes nothing
+
+
+def test_the_plan_in_the_run_folder_is_the_one_printed(tmp_path):
+    cfg = make_config(tmp_path, *GPU_SLURM, "model=gpt-1.3b", "train.micro_batch_size=auto")
+    plan = run_plan.make(cfg, (32000, "given"))
+    written = run_plan.write(plan, cfg.workdir)
+    assert written == tmp_path.resolve() / "plan.json"
+    saved = json.loads(written.read_text())
+    assert saved["layout"]["micro_batch"] == plan.layout.micro_batch == cfg.train.micro_batch_size
+    assert saved["memory_bytes"]["total"] == plan.memory["total"]
+    assert saved["step"]["step_s"] == plan.step["step_s"]
+    assert saved["gpu"]["name"] == "H100" and saved["hardware"]["nvlink_domain"] == 8
+    assert saved["reasons"] == cfg.train.auto_choice and "micro-batch" in saved["reasons"]
+    assert saved["fits"] is True
+    summary = render.summary_lines(cfg, plan)
+    assert f"{plan.step['tokens_per_s_per_gpu']:,.0f} tokens/s per GPU" in "\n".join(summary)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        plan.layout = ParallelLayout()  # type: ignore[misc]
+    with pytest.raises(TypeError):
+        plan.memory["total"] = 0  # type: ignore[index]

@@ -1,7 +1,9 @@
 """summary.json and the report name each token count for what it counts: the training split,
-all splits, the tokens trained on."""
+all splits, the tokens trained on; the report shows the plan the launcher wrote."""
 
 from __future__ import annotations
+
+import json
 
 from pipeline.core import files
 from pipeline.core.paths import RunPaths
@@ -32,3 +34,27 @@ def test_each_token_count_says_what_it_counts(tmp_path):
     labels = {row[0]: row[1] for row in rows if len(row) == 2}
     assert labels["tokens of all splits"] == 1000 and "tokens" not in labels
     assert labels["train_split_tokens"] == 900 and labels["trained_tokens"] == 4096
+
+
+def test_the_report_shows_the_plan_the_launcher_wrote(tmp_path):
+    from pipeline.planning import run_plan
+    from pipeline.reporting import plan_section
+    from tests.conftest import GPU_GIVEN, make_config
+
+    cfg = make_config(
+        tmp_path, *GPU_GIVEN, "model=gpt-1.3b", "cluster.gpu=H200", "train.recompute=auto"
+    )
+    plan = run_plan.make(cfg, (32000, "given"))
+    run_plan.write(plan, tmp_path)
+    report = report_blocks(_run(tmp_path), {})
+    blocks = report[report.index(("h2", "Plan")) :][:2]  # after Data, before Training
+    assert report.index(("h2", "Plan")) < report.index(("h2", "Training"))
+    rows = dict(blocks[1][2])
+    assert blocks[0] == ("h2", "Plan") and rows["layout"] == plan.layout.describe()
+    assert rows["GPU assumed"] == "H200 (cluster.gpu=H200), NVLink domain 8"
+    assert rows["expected tokens/s per GPU"] == f"{plan.step['tokens_per_s_per_gpu']:,.0f}"
+    assert rows["chosen"] == cfg.train.auto_choice
+    assert plan_section.plan_blocks(None) == []  # a run launched before plans were kept
+    cpu = run_plan.make(make_config(tmp_path / "cpu", "model=tiny"), (1000, "given"))
+    rows = dict(plan_section.plan_blocks(json.loads(json.dumps(cpu.to_json())))[1][2])
+    assert set(rows) == {"layout", "memory per CPU rank (estimate)"}  # no speed model on CPUs

@@ -78,8 +78,7 @@ class TransformerEngineBackend:
             _require_fp8()
         options: dict[str, Any] = dict(
             use_cpu_initialization=cfg.train.init_on_cpu,
-            # the fused bias-GeLU kernel needs a bias; SwiGLU fuses without one
-            bias_activation_fusion=cfg.model.add_bias_linear or cfg.model.activation == "swiglu",
+            bias_activation_fusion=bias_activation_fusion(cfg),
             bias_dropout_fusion=True,
             masked_softmax_fusion=True,
             persist_layer_norm=True,
@@ -93,7 +92,7 @@ class TransformerEngineBackend:
         if _tp_comm_overlap(cfg):
             _initialize_userbuffers(cfg)
             options.update(tp_comm_overlap=True)
-        if t.te_activation:  # TE's activation kernels replace megatron-core's bias fusion
+        if te_activation(cfg):  # TE's activation kernels replace megatron-core's bias fusion
             options.update(use_te_activation_func=True, bias_activation_fusion=False)
         if t.precision == "fp8":
             options.update(
@@ -126,10 +125,8 @@ class TransformerEngineBackend:
             get_gpt_layer_with_transformer_engine_spec,
         )
 
-        spec = get_gpt_layer_with_transformer_engine_spec(
-            use_te_activation_func=cfg.train.te_activation
-        )
-        if cfg.train.te_activation:
+        spec = get_gpt_layer_with_transformer_engine_spec(use_te_activation_func=te_activation(cfg))
+        if te_activation(cfg):
             spec.submodules.mlp.submodules.activation_func = CheckpointableTEActivation
         if _compiled_rope(cfg):
             from pipeline.model.backends import rope  # torch.compile's machinery, when used
@@ -226,6 +223,19 @@ class TransformerEngineBackend:
             key = dist_checkpoint.chunk_key(i, len(chunks))
             dist_checkpoint.unwrap(chunk).load_state_dict(state[key])
         optimizer.inner.load_state_dict(state["optimizer"])
+
+
+def te_activation(cfg: PipelineConfig) -> bool:
+    """train.te_activation where TE has the activation: its op has SwiGLU and GeLU, not
+    squared ReLU (megatron-core's own function runs that)."""
+    return cfg.train.te_activation and cfg.model.activation in ("swiglu", "gelu")
+
+
+def bias_activation_fusion(cfg: PipelineConfig) -> bool:
+    """megatron-core's fused bias-activation kernels: bias-GeLU needs a bias, SwiGLU fuses
+    without one; squared ReLU has none."""
+    m = cfg.model
+    return m.activation == "swiglu" or (m.activation == "gelu" and m.add_bias_linear)
 
 
 class CheckpointableTEActivation:

@@ -1,0 +1,95 @@
+"""The plan of a run, made once from the resolved config (at launch, and by `python -m
+pipeline.plan`): its layout, memory breakdown and step-time breakdown, the GPU and fabric they
+were estimated for, and why the auto values are what they are. It is handed to the preflight
+checks, the printed plan and --json, and written to the run folder's plan.json, which the
+report reads; nothing after it recomputes these figures.
+
+plan.json is a record of the launch, not an input of any step: the completion markers and
+the rerun verdicts (pipeline.orchestration.reruns) never read it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from pipeline.config import PipelineConfig
+from pipeline.core import files
+from pipeline.core.paths import RunPaths
+from pipeline.data import datasets
+from pipeline.planning import hardware, run_gpu, search
+from pipeline.planning.hardware import Hardware
+from pipeline.planning.parallel_layout import ParallelLayout
+from pipeline.planning.run_gpu import RunGpu
+
+FORMAT = 1  # plan.json's format, raised when a field changes meaning
+
+
+@dataclass(frozen=True)
+class Plan:
+    model: str
+    vocab_size: int
+    vocab_source: str  # what the vocabulary was read from
+    layout: ParallelLayout
+    memory: Mapping[str, int]  # bytes on the busiest GPU (or CPU rank), by part
+    step: Mapping[str, float]  # one step's expected seconds by part, tokens/s, MFU on `hardware`
+    gpu: RunGpu | None  # the run's GPU; None: a CPU run that names none
+    hardware: Hardware  # the GPU and fabric of `step` (H100's, assumed, where gpu is None)
+    reasons: str | None  # what the auto values became, and why (train.auto_choice)
+
+    @property
+    def fits(self) -> bool | None:
+        """Whether the memory estimate fits the GPU; None where its memory is not known."""
+        if self.gpu is None or self.gpu.capacity is None:
+            return None
+        return self.memory["total"] <= self.gpu.capacity
+
+    def to_json(self) -> dict:
+        return {
+            "format": FORMAT,
+            "model": self.model,
+            "vocab_size": self.vocab_size,
+            "vocab_source": self.vocab_source,
+            "layout": dataclasses.asdict(self.layout),
+            "description": self.layout.describe(),
+            "memory_bytes": dict(self.memory),
+            "step": dict(self.step),
+            "gpu": dataclasses.asdict(self.gpu) if self.gpu else None,
+            "hardware": dataclasses.asdict(self.hardware),
+            "fits": self.fits,
+            "reasons": self.reasons,
+        }
+
+
+def make(cfg: PipelineConfig, vocab: tuple[int, str] | None = None) -> Plan:
+    """The plan of a validated config whose auto values are settled; `vocab`: the vocabulary
+    size and where it came from, when the caller has it (else read as the run would)."""
+    vocab_size, source = vocab or datasets.vocab_size(cfg)
+    layout = ParallelLayout.of(cfg)
+    gpu = run_gpu.of(cfg)
+    hw = hardware.of(cfg, (gpu or run_gpu.ASSUMED).name)
+    figures = search.estimate(cfg.model, vocab_size, layout, hw)  # the auto search's, if made
+    return Plan(
+        model=cfg.model.name,
+        vocab_size=vocab_size,
+        vocab_source=source,
+        layout=layout,
+        memory=figures.memory,
+        step=figures.throughput,
+        gpu=gpu,
+        hardware=hw,
+        reasons=cfg.train.auto_choice,
+    )
+
+
+def path(workdir: str | Path) -> Path:
+    return RunPaths.of(workdir).plan
+
+
+def write(plan: Plan, workdir: str | Path) -> Path:
+    """plan.json in the run folder, written atomically."""
+    target = path(workdir)
+    files.write_json(target, plan.to_json())
+    return target
