@@ -28,6 +28,7 @@ from pipeline.orchestration import (
 )
 from pipeline.orchestration.reruns import Verdict
 from pipeline.planning import preflight, render
+from pipeline.tracking import settings as tracking_settings
 
 _log = log.get("pipeline")
 
@@ -44,10 +45,7 @@ def launch(cfg: PipelineConfig, given: list[str]) -> int:
     """Refuse what cannot work or would reuse outputs made otherwise, then run or submit the
     steps to run; print where it all went. `given`: this command line's overrides, recorded
     in runs.jsonl. A dry run prints what it would do, and writes nothing."""
-    preflight.check_stage_inputs(cfg)
-    if "train" in cfg.stages:  # refuse what would fail after hours in the queue
-        preflight.check_training(cfg, vocab_size(cfg)[0])
-        preflight.check_epochs(cfg)
+    cfg = refusals(cfg)
     verdicts = reruns.judge(cfg)
     reruns.refuse_changes(cfg, verdicts)
     if cfg.cluster.executor == "slurm" and not cfg.dry_run:
@@ -70,11 +68,12 @@ def launch(cfg: PipelineConfig, given: list[str]) -> int:
             _log.info(f"force={cfg.force}: earlier outputs moved to {moved}")
         if cfg.data.prepared:
             _link_prepared_data(Path(cfg.data.prepared), paths)
-        if sweep.is_multirun():
+        base = sweep.base_run() if sweep.is_multirun() else None
+        if base is not None:
             sweep.record_point(paths)
         history.append(
             paths,
-            history.for_run(paths, cfg.data.prepared, given),
+            history.for_run(paths, cfg.data.prepared, given, base),
             given,
             stages=list(cfg.stages),
             steps={v.step.name: v.state for v in verdicts},
@@ -90,6 +89,17 @@ def launch(cfg: PipelineConfig, given: list[str]) -> int:
     if "export" in cfg.stages and EXPORT.is_complete(cfg):
         print(f"Model:      {export_folder(cfg)} (Hugging Face format)")
     return 0
+
+
+def refusals(cfg: PipelineConfig) -> PipelineConfig:
+    """Refuse what cannot work or would fail after hours in the queue (raises ConfigError);
+    `cfg` as its jobs are to run it (an MLflow store's local path made absolute)."""
+    cfg = tracking_settings.checked(cfg, Path.cwd())
+    preflight.check_stage_inputs(cfg)
+    if "train" in cfg.stages:
+        preflight.check_training(cfg, vocab_size(cfg)[0])
+        preflight.check_epochs(cfg)
+    return cfg
 
 
 def _link_prepared_data(prepared: Path, paths: RunPaths) -> None:
