@@ -30,7 +30,7 @@ from omegaconf import DictConfig
 from pipeline import config
 from pipeline.config import PipelineConfig, overrides
 from pipeline.config.compose import CONF, not_a_choice
-from pipeline.core import files, log
+from pipeline.core import files, interrupts, log
 from pipeline.core.errors import ConfigError, RunLocked, StageError, Terminated
 from pipeline.core.paths import RunPaths
 from pipeline.orchestration import history, sweep
@@ -220,10 +220,6 @@ def replayed(composed: DictConfig, overrides: list[str], last_stages: bool) -> D
     return composed if replay is None else config.recompose(replay)
 
 
-def _terminated(signum, frame) -> None:
-    raise Terminated
-
-
 def run(
     composed: DictConfig,
     command: Callable[[PipelineConfig], int | None],
@@ -235,36 +231,48 @@ def run(
     run's history with `replay`, this command line's overrides; see `replayed`), then run
     `command` on it; exit with its code, or with one line for a user's mistake."""
     logging.getLogger("megatron").setLevel(logging.WARNING)  # its per-file INFO lines drown ours
-    signal.signal(signal.SIGTERM, _terminated)  # training records it instead, then saves
+    interrupts.install()  # training records Ctrl-C and SIGTERM itself instead, then saves
     code = None  # a sweep point that fails returns with its line said
     try:
         if replay is not None:
             composed = replayed(composed, replay, last_stages)
         code = command(config.load(composed, adjust, settle=auto.settle))
-    except ConfigError as e:
-        _point_fails(str(e), EXIT_CONFIG)
-    except RunLocked as e:
-        _point_fails(str(e), EXIT_LOCKED)
-    except StageError as e:
-        _point_fails(str(e), EXIT_FAILED)
-    except KeyboardInterrupt:
-        fail(
-            "interrupted (Ctrl-C): complete outputs are kept; rerun the same command to go on",
-            EXIT_INTERRUPTED,
-        )
-    except Terminated:
-        fail(
-            "terminated (SIGTERM): complete outputs are kept; rerun the same command to go on",
-            EXIT_TERMINATED,
-        )
-    except Exception as e:
-        cause = files.space_error(e)  # out of space somewhere no step named the file
-        if cause is None:
-            raise
-        message = files.out_of_space_message(cause, cause.filename or "the run folder")
-        _point_fails(message, EXIT_FAILED)
+        interrupts.check()  # a stop that something on the way swallowed
+    except SystemExit:
+        raise
+    except BaseException as e:
+        stopped = _stopped(e)
+        if stopped is not None:
+            interrupts.settle()
+            fail(*stopped)
+        elif isinstance(e, ConfigError):
+            _point_fails(str(e), EXIT_CONFIG)
+        elif isinstance(e, RunLocked):
+            _point_fails(str(e), EXIT_LOCKED)
+        elif isinstance(e, StageError):
+            _point_fails(str(e), EXIT_FAILED)
+        else:
+            cause = files.space_error(e) if isinstance(e, Exception) else None
+            if cause is None:  # out of space somewhere no step named the file, or a bug
+                raise
+            message = files.out_of_space_message(cause, cause.filename or "the run folder")
+            _point_fails(message, EXIT_FAILED)
     if code:
         sys.exit(code)
+
+
+STOPPED = "complete outputs are kept; rerun the same command to go on"
+
+
+def _stopped(e: BaseException) -> tuple[str, int] | None:
+    """The line and exit code of a command stopped by Ctrl-C or SIGTERM: the exception they
+    raised, or any other once one has come (an import they cut short fails as ImportError)."""
+    received = interrupts.received()
+    if isinstance(e, KeyboardInterrupt) or received == signal.SIGINT:
+        return f"interrupted (Ctrl-C): {STOPPED}", EXIT_INTERRUPTED
+    if isinstance(e, Terminated) or received == signal.SIGTERM:
+        return f"terminated (SIGTERM): {STOPPED}", EXIT_TERMINATED
+    return None
 
 
 def _point_fails(message: str, code: int) -> None:
