@@ -76,7 +76,8 @@ def check_overrides(args: list[str]) -> list[str]:
         args = [overrides.for_hydra(args[i]) for i in at]
     except ConfigError as e:
         fail(str(e), EXIT_CONFIG)
-    if any(arg in overrides.MULTIRUN for arg in options):
+    # a sweep composed from conf/ alone (another config dir or name: Hydra checks each point)
+    if options and all(arg in overrides.MULTIRUN for arg in options):
         check_sweep_points(args)
     if options:
         return [*options, *args]
