@@ -112,8 +112,7 @@ def main() -> None:
         rest.append(f"cluster.gpu={options.gpu}")
     if options.gpu_memory_gb and not any(a.startswith("cluster.gpu_memory_gb=") for a in rest):
         rest.append(f"cluster.gpu_memory_gb={options.gpu_memory_gb:g}")
-    sys.argv[1:] = rest
-    cli.check_overrides(rest)
+    sys.argv[1:] = cli.check_overrides(rest)
 
     @hydra.main(config_path=cli.CONF, config_name="config", version_base=None)
     def plan(composed: DictConfig) -> None:
