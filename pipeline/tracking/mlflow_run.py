@@ -57,6 +57,16 @@ class MlflowTracker:
     def results(self, values: dict[str, float], step: int) -> None:
         self.log(values, step)
 
+    def holds(self, keys: set[str]) -> dict[str, int]:
+        """The last step of each of `keys` this run holds: what a killed job logged, less the
+        batches it still had queued at the kill, which never arrived."""
+        held = {}
+        for key in keys:
+            steps = [m.step for m in self.client.get_metric_history(self.run_id, key)]
+            if steps:
+                held[key] = max(steps)
+        return held
+
     def identify(self, tags: dict[str, str]) -> None:
         from mlflow.entities import RunTag
 

@@ -106,14 +106,26 @@ class Trackers:
 
     def already_hold(self, records: list[dict[str, Any]]) -> None:
         """What a killed attempt logged past the step this one resumes from: each tracker run
-        it went on in holds those steps already, and is not sent them again."""
-        for tracker in self.opened:
-            if not tracker.continued:
+        it went on in holds those steps already, and is not sent them again. A tracker that
+        can say what it holds (MLflow) says; of another (W&B), `records` tell."""
+        logged: dict[str, int] = {}
+        for record in records:
+            for key in _numbers(record):
+                logged[key] = max(logged.get(key, -1), record["step"])
+        for tracker in list(self.opened):
+            if not tracker.continued or not logged:
                 continue
-            held = self.held[id(tracker)]
-            for record in records:
-                for key in _numbers(record):
-                    held[key] = max(held.get(key, -1), record["step"])
+            held = logged
+            if hasattr(tracker, "holds"):
+                try:
+                    held = tracker.holds(set(logged))
+                except Exception as e:  # one warning, then the run goes on without it
+                    _log.warning(
+                        f"{tracker.name}: holds failed ({_said(e)}); no more logging to it"
+                    )
+                    self.opened.remove(tracker)
+                    continue
+            self.held[id(tracker)].update(held)
 
     def results(self, evaluation: dict) -> None:
         """The test results of each evaluated set, at the checkpoint's step."""
