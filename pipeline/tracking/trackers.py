@@ -125,7 +125,8 @@ class Trackers:
                     )
                     self.opened.remove(tracker)
                     continue
-            self.held[id(tracker)].update(held)
+            mine = self.held[id(tracker)]
+            mine.update({k: max(step, mine.get(k, -1)) for k, step in held.items()})
 
     def results(self, evaluation: dict) -> None:
         """The test results of each evaluated set, at the checkpoint's step."""
