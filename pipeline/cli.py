@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
 import logging
 import os
 import re
@@ -27,9 +28,9 @@ from collections.abc import Callable
 from omegaconf import DictConfig
 
 from pipeline import config
-from pipeline.config import PipelineConfig
+from pipeline.config import PipelineConfig, overrides
 from pipeline.config.compose import CONF, not_a_choice
-from pipeline.core import files, log
+from pipeline.core import files, interrupts, log
 from pipeline.core.errors import ConfigError, RunLocked, StageError, Terminated
 from pipeline.core.paths import RunPaths
 from pipeline.orchestration import history, sweep
@@ -65,10 +66,21 @@ def check_overrides(args: list[str]) -> list[str]:
     Returns the overrides Hydra is to compose: `args`, or, where they only make sense on top of
     the run folder's own (data.sources.web.weight=0.5 on a mixture run, whose sources exist
     only with the data=mixture and +data.sources.NAME=... its launch recorded), those first,
-    then `args`, as a rerun composes them anyway (history.to_compose); `given` leaves them out."""
-    if any(arg.startswith("-") for arg in args):
-        return args
-    args = [_source_setting(arg) for arg in args]
+    then `args`, as a rerun composes them anyway (history.to_compose); `given` leaves them out.
+
+    Every override, sweep or not, is first made one Hydra can read (pipeline.config.overrides);
+    every point of a sweep (-m) is composed and checked before the first point runs."""
+    at = overrides.positions(args)
+    options = [arg for i, arg in enumerate(args) if i not in at]
+    try:  # Hydra's options first: it reads the overrides as one run of arguments
+        args = [overrides.for_hydra(args[i]) for i in at]
+    except ConfigError as e:
+        fail(str(e), EXIT_CONFIG)
+    # a sweep composed from conf/ alone (another config dir or name: Hydra checks each point)
+    if options and all(arg in overrides.MULTIRUN for arg in options):
+        check_sweep_points(args)
+    if options:
+        return [*options, *args]
     problem = _composition_problem(args)
     if problem is None:
         return args
@@ -80,29 +92,45 @@ def check_overrides(args: list[str]) -> list[str]:
     return args
 
 
-def _source_setting(arg: str) -> str:
-    """data.sources.NAME.FIELD=V as ++data.sources.NAME.FIELD=V: a source's entry holds the
-    fields it was given, so text_key, say, is set whether or not the entry has it yet."""
-    fields = "|".join(f.name for f in dataclasses.fields(config.schema.SourceConfig))
-    return f"++{arg}" if re.match(rf"data\.sources\.[^.=]+\.({fields})=", arg) else arg
+def check_sweep_points(args: list[str]) -> None:
+    """Each point of a sweep composed and checked as its run will be (on the base run's
+    settings, see `_run_context`), before any point runs: an invalid one stops the sweep in
+    one line naming its key and the point."""
+    from pipeline.orchestration import launch
+
+    for point in sweep.points([a for a in args if not history.key_of(a).startswith("hydra")]):
+        composed, problem = _composed([*_run_context(point), *point])
+        if composed is not None:
+            try:
+                as_point = functools.partial(sweep.point_config, point=point)
+                launch.refusals(config.load(composed, as_point, settle=auto.settle))
+            except ConfigError as e:
+                problem = str(e)
+        if problem:
+            varied = " ".join(o for o in point if o not in args)
+            fail(f"{problem} (sweep point {varied}; no point has run)", EXIT_CONFIG)
 
 
 def _composition_problem(args: list[str]) -> str | None:
     """One line naming the key, when conf/ with `args` does not compose."""
+    return _composed(args)[1]
+
+
+def _composed(args: list[str]) -> tuple[DictConfig | None, str | None]:
+    """conf/ composed with `args`, or one line naming the key when it does not compose."""
     from hydra import compose, initialize_config_dir
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
     try:
         with initialize_config_dir(config_dir=CONF, version_base=None):
-            compose("config", overrides=args)
+            return compose("config", overrides=args), None
     except (HydraException, OmegaConfBaseException) as e:
         chain = [str(e)]
         while e.__cause__ is not None:  # the details (the key, the type) are in the causes
             e = e.__cause__
             chain.append(str(e))
-        return overrides_problem("\n\x00".join(chain))
-    return None
+        return None, overrides_problem("\n\x00".join(chain))
 
 
 def _run_context(args: list[str]) -> list[str]:
@@ -185,15 +213,12 @@ def replayed(composed: DictConfig, overrides: list[str], last_stages: bool) -> D
     multirun = sweep.is_multirun()
     paths = RunPaths.of(sweep.point_folder() if multirun else composed.workdir)
     prepared = composed.data.prepared or (composed.workdir if multirun else None)
-    replay = history.to_compose(paths, prepared, overrides)
+    base = sweep.base_run() if multirun else None  # a point starts from its base run
+    replay = history.to_compose(paths, prepared, overrides, base)
     stages = history.last_stages(paths) if last_stages else None
     if stages and not any(history.key_of(o) == "stages" for o in overrides):
         replay = [*(replay or overrides), f"stages=[{','.join(stages)}]"]
     return composed if replay is None else config.recompose(replay)
-
-
-def _terminated(signum, frame) -> None:
-    raise Terminated
 
 
 def run(
@@ -207,31 +232,54 @@ def run(
     run's history with `replay`, this command line's overrides; see `replayed`), then run
     `command` on it; exit with its code, or with one line for a user's mistake."""
     logging.getLogger("megatron").setLevel(logging.WARNING)  # its per-file INFO lines drown ours
-    signal.signal(signal.SIGTERM, _terminated)  # training records it instead, then saves
+    interrupts.install()  # training records Ctrl-C and SIGTERM itself instead, then saves
+    code = None  # a sweep point that fails returns with its line said
     try:
         if replay is not None:
             composed = replayed(composed, replay, last_stages)
         code = command(config.load(composed, adjust, settle=auto.settle))
-    except ConfigError as e:
-        fail(str(e), EXIT_CONFIG)
-    except RunLocked as e:
-        fail(str(e), EXIT_LOCKED)
-    except StageError as e:
-        fail(str(e), EXIT_FAILED)
-    except KeyboardInterrupt:
-        fail(
-            "interrupted (Ctrl-C): complete outputs are kept; rerun the same command to go on",
-            EXIT_INTERRUPTED,
-        )
-    except Terminated:
-        fail(
-            "terminated (SIGTERM): complete outputs are kept; rerun the same command to go on",
-            EXIT_TERMINATED,
-        )
-    except Exception as e:
-        cause = files.space_error(e)  # out of space somewhere no step named the file
-        if cause is None:
-            raise
-        fail(files.out_of_space_message(cause, cause.filename or "the run folder"), EXIT_FAILED)
+        interrupts.check()  # a stop that something on the way swallowed
+    except SystemExit:
+        raise
+    except BaseException as e:
+        stopped = _stopped(e)
+        if stopped is not None:
+            interrupts.settle()
+            fail(*stopped)
+        elif isinstance(e, ConfigError):
+            _point_fails(str(e), EXIT_CONFIG)
+        elif isinstance(e, RunLocked):
+            _point_fails(str(e), EXIT_LOCKED)
+        elif isinstance(e, StageError):
+            _point_fails(str(e), EXIT_FAILED)
+        else:
+            cause = files.space_error(e) if isinstance(e, Exception) else None
+            if cause is None:  # out of space somewhere no step named the file, or a bug
+                raise
+            message = files.out_of_space_message(cause, cause.filename or "the run folder")
+            _point_fails(message, EXIT_FAILED)
     if code:
         sys.exit(code)
+
+
+STOPPED = "complete outputs are kept; rerun the same command to go on"
+
+
+def _stopped(e: BaseException) -> tuple[str, int] | None:
+    """The line and exit code of a command stopped by Ctrl-C or SIGTERM: the exception they
+    raised, or any other once one has come (an import they cut short fails as ImportError)."""
+    received = interrupts.received()
+    if isinstance(e, KeyboardInterrupt) or received == signal.SIGINT:
+        return f"interrupted (Ctrl-C): {STOPPED}", EXIT_INTERRUPTED
+    if isinstance(e, Terminated) or received == signal.SIGTERM:
+        return f"terminated (SIGTERM): {STOPPED}", EXIT_TERMINATED
+    return None
+
+
+def _point_fails(message: str, code: int) -> None:
+    """`fail`; in a sweep, the point's failure recorded in its folder and the other points
+    run on (the sweep's summary lists it, and the sweep exits 1)."""
+    if not sweep.is_multirun():
+        fail(message, code)
+    _log.error(f"error: {message}")
+    sweep.record_failure(RunPaths.of(sweep.point_folder()), message)

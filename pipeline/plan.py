@@ -119,8 +119,7 @@ def main() -> None:
         options, rest = pop_options(sys.argv[1:])
     except ConfigError as e:
         cli.fail(str(e), cli.EXIT_CONFIG)
-    sys.argv[1:] = rest
-    cli.check_overrides(rest)
+    sys.argv[1:] = cli.check_overrides(rest)
 
     @hydra.main(config_path=cli.CONF, config_name="config", version_base=None)
     def plan(composed: DictConfig) -> None:

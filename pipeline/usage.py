@@ -99,7 +99,8 @@ def text(entry: str) -> str:
     return (
         f"usage: {usage}\n\n{what}\n\nConfig groups (GROUP=OPTION):\n{groups()}\n\n"
         f"Common keys (KEY=VALUE; the whole config: --cfg job; a key to add: +KEY=VALUE is\n"
-        f"refused, every setting already exists):\n{common_keys()}\nExamples:\n{example_lines}\n\n"
+        f"refused, every setting already exists; an entry of a mapping is set the same way:\n"
+        f"cluster.env.NCCL_DEBUG=INFO):\n{common_keys()}\nExamples:\n{example_lines}\n\n"
         "Docs: README.md, docs/reliability.md. Hydra's own help: --hydra-help.\n"
     )
 

@@ -75,19 +75,27 @@ def set_again(given: list[str]) -> set[str]:
     return {key_of(o) for o in given if not o.startswith("~")}
 
 
-def for_run(paths: RunPaths, prepared: str | None, given: list[str]) -> list[str]:
+def for_run(
+    paths: RunPaths, prepared: str | None, given: list[str], base: RunPaths | None = None
+) -> list[str]:
     """The overrides this run's outputs are made with once `given` applies: those the data's
-    run settled, then the run's own, then what `given` sets (command keys left out)."""
-    earlier = combined(data_overrides(prepared), recorded(paths))
+    run settled, then those of the `base` run a sweep point starts from, then the run's own,
+    then what `given` sets (command keys left out)."""
+    inherited = recorded(base) if base is not None else []
+    earlier = combined(combined(data_overrides(prepared), inherited), recorded(paths))
     return combined(earlier, settings_overrides(given))
 
 
-def to_compose(paths: RunPaths, prepared: str | None, given: list[str]) -> list[str] | None:
-    """The overrides to compose this command's config with: the run's, then the command
-    line's; None for a run with no history (the command line alone)."""
-    if not recorded(paths) and not data_overrides(prepared):
+def to_compose(
+    paths: RunPaths, prepared: str | None, given: list[str], base: RunPaths | None = None
+) -> list[str] | None:
+    """The overrides to compose this command's config with: the run's (a sweep point's: its
+    base run's first), then the command line's; None for a run with no history (the command
+    line alone)."""
+    inherited = recorded(base) if base is not None else []
+    if not recorded(paths) and not data_overrides(prepared) and not inherited:
         return None
-    return combined(for_run(paths, prepared, given), given)
+    return combined(for_run(paths, prepared, given, base), given)
 
 
 def last_stages(paths: RunPaths) -> list[str] | None:

@@ -28,6 +28,7 @@ from pipeline.orchestration import (
 from pipeline.orchestration.reruns import Verdict
 from pipeline.planning import preflight, render, run_plan
 from pipeline.planning.run_plan import Plan
+from pipeline.tracking import settings as tracking_settings
 
 _log = log.get("pipeline")
 
@@ -44,12 +45,7 @@ def launch(cfg: PipelineConfig, given: list[str]) -> int:
     """Refuse what cannot work or would reuse outputs made otherwise, then run or submit the
     steps to run; print where it all went. `given`: this command line's overrides, recorded
     in runs.jsonl. A dry run prints what it would do, and writes nothing."""
-    preflight.check_stage_inputs(cfg)
-    # the plan of a run that trains, made once: checked, printed and kept in the run folder
-    plan = run_plan.make(cfg) if "train" in cfg.stages else None
-    if plan is not None:  # refuse what would fail after hours in the queue
-        preflight.check_training(cfg, plan)
-        preflight.check_epochs(cfg)
+    cfg, plan = refusals(cfg)
     verdicts = reruns.judge(cfg)
     reruns.refuse_changes(cfg, verdicts)
     if cfg.cluster.executor == "slurm" and not cfg.dry_run:
@@ -72,11 +68,12 @@ def launch(cfg: PipelineConfig, given: list[str]) -> int:
             _log.info(f"force={cfg.force}: earlier outputs moved to {moved}")
         if cfg.data.prepared:
             _link_prepared_data(Path(cfg.data.prepared), paths)
-        if sweep.is_multirun():
+        base = sweep.base_run() if sweep.is_multirun() else None
+        if base is not None:
             sweep.record_point(paths)
         history.append(
             paths,
-            history.for_run(paths, cfg.data.prepared, given),
+            history.for_run(paths, cfg.data.prepared, given, base),
             given,
             stages=list(cfg.stages),
             steps={v.step.name: v.state for v in verdicts},
@@ -94,6 +91,19 @@ def launch(cfg: PipelineConfig, given: list[str]) -> int:
     if "export" in cfg.stages and EXPORT.is_complete(cfg):
         print(f"Model:      {export_folder(cfg)} (Hugging Face format)")
     return 0
+
+
+def refusals(cfg: PipelineConfig) -> tuple[PipelineConfig, Plan | None]:
+    """Refuse what cannot work or would fail after hours in the queue (raises ConfigError);
+    `cfg` as its jobs are to run it (an MLflow store's local path made absolute), and the plan
+    of a run that trains, made once: checked here, then printed and kept in the run folder."""
+    cfg = tracking_settings.checked(cfg, Path.cwd())
+    preflight.check_stage_inputs(cfg)
+    plan = run_plan.make(cfg) if "train" in cfg.stages else None
+    if plan is not None:
+        preflight.check_training(cfg, plan)
+        preflight.check_epochs(cfg)
+    return cfg, plan
 
 
 def _link_prepared_data(prepared: Path, paths: RunPaths) -> None:

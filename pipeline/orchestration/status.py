@@ -5,12 +5,16 @@ RUNNING (a Slurm job, or the launcher that holds the run folder here, with its p
 
 from __future__ import annotations
 
+import shlex
+import time
+
 from pipeline.config import PipelineConfig
 from pipeline.core import files, lock
 from pipeline.core.paths import RunPaths
 from pipeline.orchestration import graph, reruns
 from pipeline.orchestration.slurm_queue import FAILED, latest_submission, slurm_states
 from pipeline.reporting.summary import read_failures, read_stragglers
+from pipeline.resilience import progress
 from pipeline.runtime import placement
 
 STATES = {
@@ -47,7 +51,8 @@ def describe(cfg: PipelineConfig) -> list[tuple[str, str, str]]:
         if live and not ids:  # run by that launcher: the first step it has not completed
             if running is None:
                 running = step.name
-                rows.append((step.name, "RUNNING", _launcher(live)))
+                at = _training_step(cfg, _since(live)) if step.name == "train" else ""
+                rows.append((step.name, "RUNNING", _launcher(live) + at))
             else:
                 rows.append((step.name, "PENDING", f"runs after {running} in that launcher"))
             continue
@@ -59,7 +64,7 @@ def describe(cfg: PipelineConfig) -> list[tuple[str, str, str]]:
             failed_before = failed_before or step.name
             continue
         if not ids:
-            rows.append((step.name, STATES[verdict.state], "run `make pretrain` to run it"))
+            rows.append((step.name, STATES[verdict.state], f"run {rerun_command(paths)} to run it"))
             continue
         job_states = [states.get(j, ("UNKNOWN", "")) for j in ids]
         names = sorted({s for s, _ in job_states})
@@ -77,11 +82,36 @@ def describe(cfg: PipelineConfig) -> list[tuple[str, str, str]]:
         elif "PENDING" in names and failed_before:
             detail += f" (waits on {failed_before}, which failed)"
         if step.name == "train" and "RUNNING" in names:
-            detail += _where_training_runs(paths)
+            detail += _where_training_runs(paths) + _training_step(cfg, None)
         if step.name == "train":
             detail += _faults(paths)
         rows.append((step.name, "/".join(names), detail))
     return rows
+
+
+def rerun_command(paths: RunPaths) -> str:
+    """The command that runs this run folder (its history gives the rest): `make pretrain`
+    alone would run the default workdir, another folder."""
+    return f"`make pretrain ARGS={shlex.quote(f'workdir={paths.root}')}`"
+
+
+def _since(live: dict) -> float | None:
+    """When the launcher took the run folder (the lock's local time), as time.time() counts."""
+    try:
+        return time.mktime(time.strptime(str(live.get("since")), "%Y-%m-%d %H:%M:%S"))
+    except ValueError:
+        return None
+
+
+def _training_step(cfg: PipelineConfig, since: float | None) -> str:
+    """'; at step 12 of 20 (forward-backward)': the slowest rank's report (train/progress/),
+    of this attempt when `since` says when it began; '' before a rank of it has reported."""
+    reports = progress.read(RunPaths.of(cfg.workdir).progress)
+    reports = [r for r in reports if since is None or r.at >= since]
+    if not reports:
+        return ""
+    last = min(reports, key=lambda r: r.step)
+    return f"; at step {last.step} of {cfg.train.steps} ({last.phase})"
 
 
 def _launcher(live: dict) -> str:

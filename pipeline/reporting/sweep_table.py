@@ -69,9 +69,23 @@ def plot_validation(sweep_dir: Path) -> Path | None:
     return save_figure(fig, sweep_dir / "val_loss.png")
 
 
+def failed_points(sweep_dir: Path) -> list[tuple[Path, str]]:
+    """(run folder, why) of each point whose last run failed (its sweep_point.json says)."""
+    found = []
+    for folder in sorted(p for p in sweep_dir.iterdir() if p.is_dir()):
+        meta = files.read_json_or_none(folder / "sweep_point.json") or {}
+        if meta.get("error"):
+            found.append((folder, meta["error"]))
+    return found
+
+
 def write_sweep_summary(sweep_dir: Path) -> str:
-    """sweep/summary.md: the table and, once points have validated, their curves."""
+    """sweep/summary.md: the table, the points that failed and why, and, once points have
+    validated, their curves."""
     text = table(sweep_dir)
+    failed = failed_points(sweep_dir)
+    if failed:
+        text += "\n\nFailed points:\n" + "\n".join(f"- {f.name}: {why}" for f, why in failed)
     if plot_validation(sweep_dir):
         text += "\n\n![validation loss of each point](val_loss.png)"
     files.write_text(sweep_dir / "summary.md", text + "\n")

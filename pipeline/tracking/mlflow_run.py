@@ -5,6 +5,7 @@ the run folder (a sweep's points: in the sweep folder), read with `mlflow ui
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import time
@@ -15,7 +16,7 @@ from urllib.parse import urlparse
 from pipeline.config import PipelineConfig
 from pipeline.core import log
 from pipeline.core.paths import RunPaths
-from pipeline.tracking import identity
+from pipeline.tracking import identity, mlflow_uri
 
 _log = log.get()
 MAX_PARAM = 6000  # MLflow's longest parameter value
@@ -41,8 +42,9 @@ def answers(uri: str, timeout: float = 5.0) -> bool:
 class MlflowTracker:
     name = "MLflow"
 
-    def __init__(self, client: Any, run_id: str) -> None:
+    def __init__(self, client: Any, run_id: str, continued: bool) -> None:
         self.client, self.run_id = client, run_id
+        self.continued = continued  # an earlier job's run, which holds what that job logged
         self.pending: list[Any] = []  # asynchronous batches, waited for at the end
 
     def log(self, values: dict[str, float], step: int) -> None:
@@ -54,6 +56,16 @@ class MlflowTracker:
 
     def results(self, values: dict[str, float], step: int) -> None:
         self.log(values, step)
+
+    def holds(self, keys: set[str]) -> dict[str, int]:
+        """The last step of each of `keys` this run holds: what a killed job logged, less the
+        batches it still had queued at the kill, which never arrived."""
+        held = {}
+        for key in keys:
+            steps = [m.step for m in self.client.get_metric_history(self.run_id, key)]
+            if steps:
+                held[key] = max(steps)
+        return held
 
     def identify(self, tags: dict[str, str]) -> None:
         from mlflow.entities import RunTag
@@ -113,13 +125,16 @@ def start(cfg: PipelineConfig, paths: RunPaths, saved: dict | None) -> tuple[Mlf
             f"{local_store(paths)} (mlflow ui --backend-store-uri {local_store(paths)})"
         )
         uri = None
-    if uri is None:
-        uri = local_store(paths).as_uri()
+    uri = mlflow_uri.absolute(uri, Path.cwd()) if uri else local_store(paths).as_uri()
+    for chatty in ("mlflow.store.db", "alembic"):  # a SQLite store's set-up, at each job start
+        logging.getLogger(chatty).setLevel(logging.WARNING)
+    if mlflow_uri.is_file_store(uri):
         # MLflow keeps its file store, in maintenance: one folder per run, safe for the points
         # of a sweep writing at once, and no database on a shared filesystem
         os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
     client = MlflowClient(tracking_uri=uri)
     run_id = (saved or {}).get("run_id") if (saved or {}).get("tracking_uri") == uri else None
+    continued = run_id is not None
     if run_id is None:
         run_id = client.create_run(_experiment(client, m.experiment), run_name=paths.root.name)
         run_id = run_id.info.run_id
@@ -131,4 +146,4 @@ def start(cfg: PipelineConfig, paths: RunPaths, saved: dict | None) -> tuple[Mlf
         tags["sweep"] = group
     client.log_batch(run_id, tags=[RunTag(k, v) for k, v in tags.items()])
     _params(client, run_id, cfg)
-    return MlflowTracker(client, run_id), {"tracking_uri": uri, "run_id": run_id}
+    return MlflowTracker(client, run_id, continued), {"tracking_uri": uri, "run_id": run_id}

@@ -51,6 +51,9 @@ class Trackers:
 
     def __init__(self, opened: list[Any], paths: RunPaths | None = None) -> None:
         self.opened, self.paths = opened, paths
+        # each tracker's last step of each key: a step it holds is never sent again (the
+        # tokens of a step's validation, a killed attempt's steps that a resume does again)
+        self.held: dict[int, dict[str, int]] = {id(t): {} for t in opened}
 
     @classmethod
     def open(cls, cfg: PipelineConfig, paths: RunPaths) -> Trackers:
@@ -82,16 +85,48 @@ class Trackers:
 
     def _each(self, what: str, *args: Any) -> None:
         for tracker in list(self.opened):
-            try:
-                getattr(tracker, what)(*args)
-            except Exception as e:  # one warning, then the run goes on without it
-                _log.warning(f"{tracker.name}: {what} failed ({_said(e)}); no more logging to it")
-                self.opened.remove(tracker)
+            self._call(tracker, what, *args)
+
+    def _call(self, tracker: Any, what: str, *args: Any) -> None:
+        try:
+            getattr(tracker, what)(*args)
+        except Exception as e:  # one warning, then the run goes on without it
+            _log.warning(f"{tracker.name}: {what} failed ({_said(e)}); no more logging to it")
+            self.opened.remove(tracker)
 
     def log(self, record: dict[str, Any]) -> None:
+        step = record["step"]
         values = _numbers(record)
-        if self.opened and values:
-            self._each("log", values, record["step"])
+        for tracker in list(self.opened):
+            held = self.held[id(tracker)]
+            fresh = {k: v for k, v in values.items() if held.get(k, -1) < step}
+            if fresh:
+                held.update(dict.fromkeys(fresh, step))
+                self._call(tracker, "log", fresh, step)
+
+    def already_hold(self, records: list[dict[str, Any]]) -> None:
+        """What a killed attempt logged past the step this one resumes from: each tracker run
+        it went on in holds those steps already, and is not sent them again. A tracker that
+        can say what it holds (MLflow) says; of another (W&B), `records` tell."""
+        logged: dict[str, int] = {}
+        for record in records:
+            for key in _numbers(record):
+                logged[key] = max(logged.get(key, -1), record["step"])
+        for tracker in list(self.opened):
+            if not tracker.continued or not logged:
+                continue
+            held = logged
+            if hasattr(tracker, "holds"):
+                try:
+                    held = tracker.holds(set(logged))
+                except Exception as e:  # one warning, then the run goes on without it
+                    _log.warning(
+                        f"{tracker.name}: holds failed ({_said(e)}); no more logging to it"
+                    )
+                    self.opened.remove(tracker)
+                    continue
+            mine = self.held[id(tracker)]
+            mine.update({k: max(step, mine.get(k, -1)) for k, step in held.items()})
 
     def results(self, evaluation: dict) -> None:
         """The test results of each evaluated set, at the checkpoint's step."""

@@ -23,8 +23,9 @@ def sync_command(paths: RunPaths) -> str:
 class WandbTracker:
     name = "W&B"
 
-    def __init__(self, run: Any, paths: RunPaths) -> None:
+    def __init__(self, run: Any, paths: RunPaths, continued: bool) -> None:
         self.run, self.paths = run, paths
+        self.continued = continued  # an earlier job's run, which holds what that job logged
         self.offline = run.settings.mode == "offline"
 
     def log(self, values: dict[str, float], step: int) -> None:
@@ -88,4 +89,4 @@ def start(cfg: PipelineConfig, paths: RunPaths, saved: dict | None) -> tuple[Wan
     run.define_metric("step")
     run.define_metric("*", step_metric="step")
     entry = {"id": run_id, "project": w.project, "entity": w.entity, "group": group}
-    return WandbTracker(run, paths), entry
+    return WandbTracker(run, paths, continued=bool((saved or {}).get("id"))), entry

@@ -31,7 +31,7 @@ class MetricsLog:
         path = self.paths.metrics
         if not self.enabled or not path.exists():
             return
-        kept = []
+        kept, dropped = [], []
         for line in path.read_text().splitlines():
             try:
                 record = json.loads(line)
@@ -39,7 +39,10 @@ class MetricsLog:
                 continue  # cut short by a kill
             if record["step"] <= step:
                 kept.append(line + "\n")
+            else:
+                dropped.append(record)
         files.write_text(path, "".join(kept))
+        self.trackers.already_hold(dropped)
 
     def open_tensorboard(self, resumed_at: int) -> None:
         if not self.enabled:

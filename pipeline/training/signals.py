@@ -58,8 +58,9 @@ class StopRequest:
         start the evaluation chained after it. Ctrl-C and SIGTERM interrupt again from now on."""
         for sig in WARNINGS:
             signal.signal(sig, signal.SIG_IGN)
-        signal.signal(signal.SIGINT, signal.default_int_handler)
-        # SIGTERM stops what comes after (an evaluation in the same process) as it did before
+        # Ctrl-C and SIGTERM stop what comes after (an evaluation in the same process) as
+        # they did before training
+        signal.signal(signal.SIGINT, _before.get(signal.SIGINT, signal.default_int_handler))
         signal.signal(signal.SIGTERM, _before.get(signal.SIGTERM, signal.SIG_DFL))
 
     def agreed(self, device: torch.device) -> bool:

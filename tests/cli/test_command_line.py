@@ -163,3 +163,72 @@ def test_pipeline_debug_shows_the_traceback_behind_the_line(tmp_path):
     assert result.returncode == 2
     assert result.stderr.startswith("Traceback (most recent call last):")
     assert result.stderr.endswith("error: train.lr: 0.0 must be a positive number\n")
+
+
+@pytest.mark.parametrize(
+    "given, line",
+    [
+        ("cluster.env.NCCL_DEBUG=INFO", "export NCCL_DEBUG=INFO"),
+        ("cluster.sbatch_extra.constraint=h100", "#SBATCH --constraint=h100"),
+    ],
+)
+def test_an_entry_of_a_free_form_mapping_is_set_as_help_says(given, line, tmp_path):
+    """cluster.env and cluster.sbatch_extra hold any name: KEY.NAME=V sets it without the
+    `+` that --help says is refused."""
+    result = cli(f"workdir={tmp_path / 'run'}", "dry_run=true", "cluster=slurm", given, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert line in result.stdout
+
+
+@pytest.mark.parametrize(
+    "value", ["score >= 3", "lang == 'en' and score > 0.5", 'title != "x" or n < 2']
+)
+def test_an_override_hydra_cannot_read_gets_one_line_with_a_form_it_can(value, tmp_path):
+    import shlex
+
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    result = cli(f"workdir={tmp_path / 'run'}", f"data.where={value}", timeout=120)
+    assert result.returncode == 2
+    assert result.stderr.count("\n") == 1 and result.stderr.startswith("error: data.where: ")
+    assert "Hydra cannot read" in result.stderr
+    suggested = shlex.split(
+        result.stderr.strip().rsplit("quote it for the shell and for Hydra: ")[1]
+    )
+    assert len(suggested) == 1  # one shell word, which Hydra reads as the value given
+    assert OverridesParser.create().parse_overrides(suggested)[0].value() == value
+    assert not any(tmp_path.iterdir())
+
+
+def test_a_sweep_checks_every_point_first_and_summarises_what_ran(tokenized, tmp_path):
+    """An invalid point stops the sweep before any point runs; the points take the base run's
+    settings; a point that fails as it runs is listed in sweep/summary.md, beside the point
+    that ran, and the sweep exits 1."""
+    from pipeline.config.compose import sweep_point_folder
+    from tests.conftest import SMALL_SERIAL, copy_tokenized, lock_held
+
+    base = copy_tokenized(tokenized, tmp_path / "base")
+    settings = [*SMALL_SERIAL, "train.steps=4", "train.warmup_steps=1", "train.eval_interval=4"]
+    made = cli(f"workdir={base}", *settings, "stages=[tokenize]", timeout=300)
+    assert made.returncode == 0, made.stderr[-2000:]
+    common = ["-m", f"workdir={base}", "stages=[train]"]
+
+    refused = cli(*common, "train.micro_batch_size=1,2,999", timeout=300)
+    assert refused.returncode == 2
+    assert refused.stderr.count("\n") == 1
+    assert refused.stderr.startswith("error: train.global_batch_size: ")
+    assert "(sweep point train.micro_batch_size=999; no point has run)" in refused.stderr
+    assert not (base / "sweep").exists()
+
+    point = ["cluster=local", *common[1:]]
+    held = base / "sweep" / sweep_point_folder(",".join(sorted([*point, "train.lr=0.002"])))
+    held.mkdir(parents=True)
+    with lock_held(held):
+        swept = cli(*common, "train.lr=0.001,0.002", timeout=600)
+    assert swept.returncode == 1, swept.stderr[-2000:]
+    summary = (base / "sweep" / "summary.md").read_text()
+    ran = next(line for line in summary.splitlines() if "train.lr=0.001" in line)
+    ran_folder = base / "sweep" / ran.split("|")[1].strip()
+    assert max(json.loads(r)["step"] for r in (ran_folder / "train/metrics.jsonl").open()) == 4
+    assert f"Failed points:\n- {held.name}: " in summary and "in use" in summary
+    assert all(any(p.iterdir()) for p in (base / "sweep").iterdir() if p.is_dir())

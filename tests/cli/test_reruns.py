@@ -162,3 +162,26 @@ def test_status_names_the_step_a_live_launcher_runs_and_its_pid(run):
     after = status(f"workdir={run}")
     row = next(x for x in after.stdout.splitlines() if x.strip().startswith("evaluate"))
     assert "RUNNING" not in row and "make pretrain" in row, after.stdout
+
+
+def test_status_names_the_run_folder_to_rerun_and_the_step_a_running_training_is_at(run):
+    """`make pretrain` alone runs the default workdir, another folder: the status of a run
+    elsewhere names its own; a training the launcher is running shows the step its ranks
+    report (train/progress/), not that of an earlier attempt."""
+    from pipeline.resilience.progress import Reporter
+
+    paths = RunPaths.of(run)
+    paths.train_done.unlink()
+    (run / "eval" / "DONE.json").unlink()
+    Reporter(paths.progress, 0).phase("validate", 20)  # the attempt before: stale
+    idle = status(f"workdir={run}")
+    row = next(x for x in idle.stdout.splitlines() if x.strip().startswith("evaluate"))
+    assert f"run `make pretrain ARGS=workdir={run}` to run it" in row, idle.stdout
+    with lock_held(run):
+        starting = status(f"workdir={run}")
+        Reporter(paths.progress, 0).phase("forward-backward", 7)
+        live = status(f"workdir={run}")
+    row = next(x for x in starting.stdout.splitlines() if x.strip().startswith("train"))
+    assert row.split()[1] == "RUNNING" and "at step" not in row, starting.stdout
+    row = next(x for x in live.stdout.splitlines() if x.strip().startswith("train"))
+    assert row.endswith("; at step 7 of 20 (forward-backward)"), live.stdout

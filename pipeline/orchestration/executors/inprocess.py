@@ -9,7 +9,7 @@ import os
 import time
 
 from pipeline.config import PipelineConfig
-from pipeline.core import log
+from pipeline.core import interrupts, log
 from pipeline.core.steps import Placement
 from pipeline.orchestration.executors.base import (
     failures_recorded,
@@ -29,12 +29,14 @@ def _run_array(step: ArrayStep, cfg: PipelineConfig, tasks: int) -> None:
     workers = _workers(cfg, tasks)
     if workers == 1:
         for index in range(tasks):
+            interrupts.check()
             step.run_task(cfg, index)
         return
     context = multiprocessing.get_context("spawn")  # no fork after torch and threads exist
     with concurrent.futures.ProcessPoolExecutor(workers, mp_context=context) as pool:
         for future in [pool.submit(step.run_task, cfg, i) for i in range(tasks)]:
             future.result()
+            interrupts.check()
 
 
 class InProcessExecutor:
@@ -42,6 +44,7 @@ class InProcessExecutor:
 
     def run(self, steps: list[Step], cfg: PipelineConfig) -> None:
         for step in steps:
+            interrupts.check()  # a Ctrl-C that something swallowed stops before the next step
             with failures_recorded(step, cfg):
                 self._run(step, cfg)
 

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from pipeline.config import PipelineConfig
-from pipeline.core import log
+from pipeline.core import interrupts, log
 from pipeline.core.errors import StageError
 from pipeline.core.paths import RunPaths
 from pipeline.core.steps import Placement
@@ -140,6 +140,7 @@ class SubprocessExecutor:
 
         paths = RunPaths.of(cfg.workdir)
         for step in steps:
+            interrupts.check()  # a Ctrl-C that something swallowed stops before the next step
             started = time.time()
             needs = resources(step, cfg)
             executor = submitit.LocalExecutor(folder=str(paths.job_logs(step.name)))
