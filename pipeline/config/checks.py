@@ -274,12 +274,7 @@ def _check_parallel(cfg: PipelineConfig) -> None:
         f"{p.tensor} does not divide the attention heads ({m.num_attention_heads}) "
         f"and query groups ({groups})",
     )
-    stages = p.pipeline * (p.virtual_pipeline or 1) if "pipeline" in given else 1
-    _require(
-        m.num_layers % stages == 0,
-        "parallel.pipeline",
-        f"model.num_layers={m.num_layers} is not divisible by pipeline x virtual stages = {stages}",
-    )
+    _check_pipeline_split(cfg, "pipeline" in given)
     _require(
         "tensor" not in given or not p.sequence_parallel or p.tensor > 1,
         "parallel.sequence_parallel",
@@ -291,3 +286,43 @@ def _check_parallel(cfg: PipelineConfig) -> None:
             "parallel.tensor",
             f"tensor x pipeline = {p.tensor * p.pipeline} does not divide {ranks}",
         )
+        model_ranks = p.tensor * p.pipeline * p.context
+        _require(
+            ws % model_ranks == 0,
+            "parallel.context",
+            f"tensor x pipeline x context = {model_ranks} does not divide {ranks}",
+        )
+
+
+# Megatron's names for the uneven split, for the hint of a layer count stages do not divide
+_ACCOUNTED = {
+    ("parallel.account_for_embedding=true",): 1,
+    ("parallel.account_for_loss=true",): 1,
+    ("parallel.account_for_embedding=true", "parallel.account_for_loss=true"): 2,
+}
+
+
+def _check_pipeline_split(cfg: PipelineConfig, pipeline_given: bool) -> None:
+    """The layers, with the embedding and loss where they count as layers, split evenly over
+    the pipeline ranks and their virtual stages (megatron-core's rule for either split)."""
+    p, m = cfg.parallel, cfg.model
+    if not pipeline_given:  # the planner chooses the pipeline, then this is checked again
+        return
+    # one stage holds every layer whatever counts as one: no layer moves, nothing to refuse
+    accounted = [k for k in ("account_for_embedding", "account_for_loss") if getattr(p, k)]
+    stages = p.pipeline * (p.virtual_pipeline or 1)
+    units = m.num_layers + len(accounted)
+    if units % stages == 0:
+        return
+    if accounted:
+        counted = " and ".join(k.removeprefix("account_for_") for k in accounted)
+        raise ConfigError(
+            f"parallel.pipeline: model.num_layers={m.num_layers} with the {counted} counted as "
+            f"layers ({units}) is not divisible by pipeline x virtual stages = {stages}"
+        )
+    fixes = [" ".join(k) for k, extra in _ACCOUNTED.items() if (units + extra) % stages == 0]
+    hint = f"; uneven first and last stages split it: {fixes[0]}" if fixes else ""
+    raise ConfigError(
+        f"parallel.pipeline: model.num_layers={m.num_layers} is not divisible by pipeline x "
+        f"virtual stages = {stages}{hint}"
+    )

@@ -23,6 +23,7 @@ class TokenizerType(Choice):
 class Activation(Choice):
     swiglu = "swiglu"
     gelu = "gelu"
+    squared_relu = "squared_relu"  # relu(x)^2, ungated (Primer; Nemotron-4)
 
 
 class Normalization(Choice):

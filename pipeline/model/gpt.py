@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 from pipeline.config import PipelineConfig
 from pipeline.config.derived import settled
 from pipeline.model.sizes import ffn_hidden_size, padded_vocab, params_dtype
+from pipeline.model.stages import PipelineSplit
 from pipeline.model.vocab_padding import mask_padding
 
 if TYPE_CHECKING:
@@ -16,8 +17,20 @@ if TYPE_CHECKING:
     from pipeline.model.backends.base import Backend
 
 
-def transformer_config(cfg: PipelineConfig, backend: Backend) -> TransformerConfig:
+def activation_func(activation: str):
+    """megatron-core's MLP activation for model.activation (SwiGLU: SiLU of a gated FC1)."""
     import torch.nn.functional as F
+    from megatron.core.activations import squared_relu
+
+    return {"swiglu": F.silu, "gelu": F.gelu, "squared_relu": squared_relu}[activation]
+
+
+def pipeline_split(cfg: PipelineConfig) -> PipelineSplit:
+    p = cfg.parallel
+    return PipelineSplit(embedding=p.account_for_embedding, loss=p.account_for_loss)
+
+
+def transformer_config(cfg: PipelineConfig, backend: Backend) -> TransformerConfig:
     from megatron.core.transformer.transformer_config import TransformerConfig
 
     m, p, t, s = cfg.model, cfg.parallel, cfg.train, settled(cfg)
@@ -29,7 +42,8 @@ def transformer_config(cfg: PipelineConfig, backend: Backend) -> TransformerConf
         recompute = dict(
             recompute_granularity="full",
             recompute_method="block",
-            recompute_num_layers=t.recompute_layers or m.num_layers // s.pipeline,
+            recompute_num_layers=t.recompute_layers
+            or pipeline_split(cfg).most_layers(m.num_layers, s.pipeline),
         )
     return TransformerConfig(
         num_layers=m.num_layers,
@@ -38,7 +52,7 @@ def transformer_config(cfg: PipelineConfig, backend: Backend) -> TransformerConf
         num_query_groups=m.num_query_groups or m.num_attention_heads,
         ffn_hidden_size=ffn_hidden_size(m),
         gated_linear_unit=m.activation == "swiglu",
-        activation_func=F.silu if m.activation == "swiglu" else F.gelu,
+        activation_func=activation_func(m.activation),
         normalization=m.normalization,
         add_bias_linear=m.add_bias_linear,
         init_method_std=m.init_method_std,
@@ -47,6 +61,9 @@ def transformer_config(cfg: PipelineConfig, backend: Backend) -> TransformerConf
         tensor_model_parallel_size=s.tensor,
         pipeline_model_parallel_size=s.pipeline,
         virtual_pipeline_model_parallel_size=p.virtual_pipeline,
+        account_for_embedding_in_pipeline_split=p.account_for_embedding,
+        account_for_loss_in_pipeline_split=p.account_for_loss,
+        context_parallel_size=p.context,
         sequence_parallel=p.sequence_parallel,
         bf16=t.precision in ("bf16", "fp8"),
         fp16=t.precision == "fp16",

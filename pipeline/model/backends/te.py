@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from pipeline.config import PipelineConfig
+from pipeline.config import ModelConfig, PipelineConfig
 from pipeline.config.derived import data_parallel_size, settled
 from pipeline.model import dist_checkpoint
 from pipeline.model.backends import names
@@ -78,8 +78,9 @@ class TransformerEngineBackend:
             _require_fp8()
         options: dict[str, Any] = dict(
             use_cpu_initialization=cfg.train.init_on_cpu,
-            # the fused bias-GeLU kernel needs a bias; SwiGLU fuses without one
-            bias_activation_fusion=cfg.model.add_bias_linear or cfg.model.activation == "swiglu",
+            # the fused bias-GeLU kernel needs a bias; SwiGLU fuses without one; megatron-core
+            # has no fused squared ReLU
+            bias_activation_fusion=_fused_bias_activation(cfg.model),
             bias_dropout_fusion=True,
             masked_softmax_fusion=True,
             persist_layer_norm=True,
@@ -93,7 +94,7 @@ class TransformerEngineBackend:
         if _tp_comm_overlap(cfg):
             _initialize_userbuffers(cfg)
             options.update(tp_comm_overlap=True)
-        if t.te_activation:  # TE's activation kernels replace megatron-core's bias fusion
+        if _te_activation(cfg):  # TE's activation kernels replace megatron-core's bias fusion
             options.update(use_te_activation_func=True, bias_activation_fusion=False)
         if t.precision == "fp8":
             options.update(
@@ -127,9 +128,9 @@ class TransformerEngineBackend:
         )
 
         spec = get_gpt_layer_with_transformer_engine_spec(
-            use_te_activation_func=cfg.train.te_activation
+            use_te_activation_func=_te_activation(cfg)
         )
-        if cfg.train.te_activation:
+        if _te_activation(cfg):
             spec.submodules.mlp.submodules.activation_func = CheckpointableTEActivation
         if _compiled_rope(cfg):
             from pipeline.model.backends import rope  # torch.compile's machinery, when used
@@ -251,6 +252,16 @@ class CheckpointableTEActivation:
 
         layer.sharded_state_dict = sharded_state_dict
         return layer
+
+
+def _fused_bias_activation(m: ModelConfig) -> bool:
+    return m.activation == "swiglu" or (m.activation == "gelu" and m.add_bias_linear)
+
+
+def _te_activation(cfg: PipelineConfig) -> bool:
+    """train.te_activation where TE has the op megatron-core asks for: SwiGLU and GeLU, not
+    squared ReLU, which megatron-core's own MLP computes."""
+    return cfg.train.te_activation and cfg.model.activation != "squared_relu"
 
 
 def _tp_comm_overlap(cfg: PipelineConfig) -> bool:
