@@ -234,10 +234,10 @@ class ParallelConfig:
     # fewer (126 layers over 16 stages: 7 + 14 x 8 + 7). Chosen over explicit first/last layer
     # counts because it also splits interleaved stages (Llama 3.1 405B's PP=8 x VP=8)
     account_for_embedding: bool = command(
-        False, "the first pipeline stage counts the embedding as a layer", common=True
+        False, "the first pipeline stage counts the embedding as a layer"
     )
     account_for_loss: bool = command(
-        False, "the last pipeline stage counts the output layer and loss as a layer", common=True
+        False, "the last pipeline stage counts the output layer and loss as a layer"
     )
     # planned and estimated; training with it needs Transformer Engine on several GPUs
     context: int = command(
