@@ -294,12 +294,12 @@ def _check_parallel(cfg: PipelineConfig) -> None:
         )
 
 
-# Megatron's names for the uneven split, for the hint of a layer count stages do not divide
-_ACCOUNTED = {
-    ("parallel.account_for_embedding=true",): 1,
-    ("parallel.account_for_loss=true",): 1,
-    ("parallel.account_for_embedding=true", "parallel.account_for_loss=true"): 2,
-}
+# Megatron's uneven split, by the layers it adds, named where a layer count the stages do not
+# divide would split with it (the loss alone adds one as the embedding does)
+_UNEVEN_SPLITS = (
+    (1, "parallel.account_for_embedding=true"),
+    (2, "parallel.account_for_embedding=true parallel.account_for_loss=true"),
+)
 
 
 def _check_pipeline_split(cfg: PipelineConfig, pipeline_given: bool) -> None:
@@ -308,7 +308,6 @@ def _check_pipeline_split(cfg: PipelineConfig, pipeline_given: bool) -> None:
     p, m = cfg.parallel, cfg.model
     if not pipeline_given:  # the planner chooses the pipeline, then this is checked again
         return
-    # one stage holds every layer whatever counts as one: no layer moves, nothing to refuse
     accounted = [k for k in ("account_for_embedding", "account_for_loss") if getattr(p, k)]
     stages = p.pipeline * (p.virtual_pipeline or 1)
     units = m.num_layers + len(accounted)
@@ -320,7 +319,7 @@ def _check_pipeline_split(cfg: PipelineConfig, pipeline_given: bool) -> None:
             f"parallel.pipeline: model.num_layers={m.num_layers} with the {counted} counted as "
             f"layers ({units}) is not divisible by pipeline x virtual stages = {stages}"
         )
-    fixes = [" ".join(k) for k, extra in _ACCOUNTED.items() if (units + extra) % stages == 0]
+    fixes = [keys for extra, keys in _UNEVEN_SPLITS if (units + extra) % stages == 0]
     hint = f"; uneven first and last stages split it: {fixes[0]}" if fixes else ""
     raise ConfigError(
         f"parallel.pipeline: model.num_layers={m.num_layers} is not divisible by pipeline x "
