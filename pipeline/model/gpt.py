@@ -25,11 +25,6 @@ def activation_func(activation: str):
     return {"swiglu": F.silu, "gelu": F.gelu, "squared_relu": squared_relu}[activation]
 
 
-def pipeline_split(cfg: PipelineConfig) -> PipelineSplit:
-    p = cfg.parallel
-    return PipelineSplit(embedding=p.account_for_embedding, loss=p.account_for_loss)
-
-
 def transformer_config(cfg: PipelineConfig, backend: Backend) -> TransformerConfig:
     from megatron.core.transformer.transformer_config import TransformerConfig
 
@@ -43,7 +38,7 @@ def transformer_config(cfg: PipelineConfig, backend: Backend) -> TransformerConf
             recompute_granularity="full",
             recompute_method="block",
             recompute_num_layers=t.recompute_layers
-            or pipeline_split(cfg).most_layers(m.num_layers, s.pipeline),
+            or PipelineSplit.of(p).most_layers(m.num_layers, s.pipeline),
         )
     return TransformerConfig(
         num_layers=m.num_layers,

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from pipeline.config import ParallelConfig
+
 
 @dataclass(frozen=True)
 class PipelineSplit:
@@ -14,9 +16,17 @@ class PipelineSplit:
     embedding: bool = False
     loss: bool = False
 
+    @classmethod
+    def of(cls, parallel: ParallelConfig) -> PipelineSplit:
+        return cls(embedding=parallel.account_for_embedding, loss=parallel.account_for_loss)
+
+    def units(self, num_layers: int) -> int:
+        """What is shared out over the stages: the layers, and what counts as one."""
+        return num_layers + self.embedding + self.loss
+
     def layers(self, num_layers: int, pipeline: int, stage: int) -> int:
         """Transformer layers on pipeline rank `stage`, all its virtual stages together."""
-        per_rank = (num_layers + self.embedding + self.loss) // pipeline
+        per_rank = self.units(num_layers) // pipeline
         first, last = stage == 0, stage == pipeline - 1
         return per_rank - int(self.embedding and first) - int(self.loss and last)
 

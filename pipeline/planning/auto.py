@@ -25,6 +25,7 @@ from pipeline.config.schema import AUTO
 from pipeline.core.errors import ConfigError
 from pipeline.core.paths import RunPaths
 from pipeline.data.datasets import vocab_size
+from pipeline.model.stages import PipelineSplit
 from pipeline.planning import hardware, run_gpu
 from pipeline.planning.hardware import Hardware
 from pipeline.planning.memory import memory_per_gpu
@@ -105,7 +106,10 @@ def parallel_layouts(cfg: PipelineConfig) -> tuple[list[tuple[int, int]], str]:
         tensors = [t for t in divisors(gpus_) if tensor_parallel_problem(m, t) is None]
     if p.pipeline == AUTO:  # virtual stages only with pipeline stages (laid_out)
         stages = p.virtual_pipeline or 1
-        pipelines = [q for q in divisors(gpus_) if q == 1 or not pipeline_problem(m, q * stages)]
+        split = PipelineSplit.of(p)
+        pipelines = [
+            q for q in divisors(gpus_) if q == 1 or not pipeline_problem(m, q * stages, split)
+        ]
     return [(t, q) for t in tensors for q in pipelines if gpus_ % (t * q) == 0], ""
 
 

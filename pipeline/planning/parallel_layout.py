@@ -62,7 +62,7 @@ class ParallelLayout:
             recompute=s.recompute,
             recompute_layers=t.recompute_layers,
             virtual_pipeline=p.virtual_pipeline,
-            pipeline_split=PipelineSplit(p.account_for_embedding, p.account_for_loss),
+            pipeline_split=PipelineSplit.of(p),
             sequence_parallel=sp,
             context=p.context,
             distributed_optimizer=p.distributed_optimizer,

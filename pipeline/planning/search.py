@@ -9,6 +9,7 @@ from dataclasses import dataclass, field, replace
 from pipeline.config import ModelConfig, PipelineConfig
 from pipeline.config.choices import RECOMPUTE_MODES
 from pipeline.model.sizes import ffn_hidden_size
+from pipeline.model.stages import EVEN, PipelineSplit
 from pipeline.planning import hardware
 from pipeline.planning.hardware import Hardware
 from pipeline.planning.memory import memory_per_gpu
@@ -47,9 +48,12 @@ def tensor_parallel_problem(m: ModelConfig, tensor: int) -> str | None:
     return None
 
 
-def pipeline_problem(m: ModelConfig, pipeline: int) -> str | None:
-    if m.num_layers % pipeline:
-        return f"PP={pipeline} does not divide {m.num_layers} layers"
+def pipeline_problem(m: ModelConfig, pipeline: int, split: PipelineSplit = EVEN) -> str | None:
+    """Why `pipeline` stages cannot share out the layers (and the embedding and loss, where
+    `split` counts them as layers)."""
+    units = split.units(m.num_layers)
+    if units % pipeline:
+        return f"PP={pipeline} does not divide {units} layers"
     return None
 
 
@@ -57,6 +61,7 @@ def _base_layout(cfg: PipelineConfig) -> ParallelLayout:
     """What the search keeps from the config: precision, optimizer and overlap settings."""
     p, t = cfg.parallel, cfg.train
     return ParallelLayout(
+        pipeline_split=PipelineSplit.of(p),
         distributed_optimizer=p.distributed_optimizer,
         overlap_grad_reduce=p.overlap_grad_reduce,
         overlap_param_gather=p.overlap_param_gather and p.distributed_optimizer,
@@ -67,12 +72,14 @@ def _base_layout(cfg: PipelineConfig) -> ParallelLayout:
     )
 
 
-def virtual_stages(m: ModelConfig, pipeline: int, grad_accum: int) -> list[int | None]:
+def virtual_stages(
+    m: ModelConfig, pipeline: int, grad_accum: int, split: PipelineSplit = EVEN
+) -> list[int | None]:
     """Virtual pipeline stages worth trying: none, and up to 8 that split each stage's layers
     evenly where the interleaved schedule can run (micro-batches a multiple of the stages)."""
     if pipeline == 1 or grad_accum % pipeline:
         return [None]
-    per_stage = m.num_layers // pipeline
+    per_stage = split.units(m.num_layers) // pipeline
     return [None] + [v for v in range(2, 9) if per_stage % v == 0]
 
 
@@ -105,7 +112,7 @@ def search_layouts(
             found.rejected.append(problem)
             continue
         for pipeline in divisors(gpus // tensor):
-            problem = pipeline_problem(cfg.model, pipeline)
+            problem = pipeline_problem(cfg.model, pipeline, base.pipeline_split)
             if problem:
                 if problem not in found.rejected:  # once, not for every TP
                     found.rejected.append(problem)
@@ -117,7 +124,7 @@ def search_layouts(
                 continue
             for micro in divisors(global_batch // data):
                 accum = global_batch // (data * micro)
-                for virtual in virtual_stages(cfg.model, pipeline, accum):
+                for virtual in virtual_stages(cfg.model, pipeline, accum, base.pipeline_split):
                     for recompute in RECOMPUTE_MODES:
                         layout = replace(
                             base,
