@@ -265,7 +265,7 @@ def _check_parallel(cfg: PipelineConfig) -> None:
     ws = derived.world_size(cfg.cluster)
     ranks = f"the job's {ws} rank{'s' * (ws != 1)} (cluster.nodes x tasks per node)"
     given = {key: getattr(p, key) for key in ("tensor", "pipeline") if getattr(p, key) != AUTO}
-    for key, size in given.items():
+    for key, size in {**given, "context": p.context}.items():
         _require(ws % size == 0, f"parallel.{key}", f"{size} does not divide {ranks}")
     groups = m.num_query_groups or m.num_attention_heads
     _require(

@@ -93,7 +93,7 @@ def parallel_layouts(cfg: PipelineConfig) -> tuple[list[tuple[int, int]], str]:
     p, m = cfg.parallel, cfg.model
     if AUTO not in (p.tensor, p.pipeline):
         return [(p.tensor, p.pipeline)], ""
-    gpus_ = world_size(cfg.cluster)
+    gpus_ = world_size(cfg.cluster) // p.context  # the context ranks hold one model's layers
     saved = (tracked_state(RunPaths.of(cfg.workdir)) or {}).get("layout")
     if saved and gpus_ % (saved["tensor"] * saved["pipeline"]) == 0:
         kept = (saved["tensor"], saved["pipeline"])

@@ -228,3 +228,10 @@ def test_the_pipeline_sizes_open_to_the_planner_follow_the_uneven_split(tmp_path
     assert [q for _, q in uneven] == [1, 2, 4, 8]
     cfg = make_config(tmp_path, *odd, counted, "train.global_batch_size=64")
     assert cfg.model.num_layers == 23 and cfg.parallel.pipeline in (1, 2, 4, 8)
+
+
+def test_the_planner_lays_out_the_ranks_a_context_group_leaves(tmp_path):
+    """8 GPUs, 2 context ranks: tensor x pipeline takes at most 4 of them."""
+    cfg = make_config(tmp_path, *H100_NODE, "model=llama-8b", "parallel.context=2", validate=False)
+    layouts, _ = auto.parallel_layouts(cfg)
+    assert layouts and max(t * q for t, q in layouts) == 4

@@ -208,8 +208,10 @@ def test_an_uneven_split_that_still_does_not_divide_is_refused_naming_what_count
 def test_context_parallelism_takes_its_share_of_the_ranks(tmp_path):
     cfg = make_config(tmp_path, *LLAMA_405B, "parallel.pipeline=1", "parallel.context=2")
     assert derived.data_parallel_size(cfg) == 128 // (8 * 2)
+    with pytest.raises(ConfigError, match=r"^parallel.context: 3 does not divide the job's 128"):
+        make_config(tmp_path, *LLAMA_405B, "parallel.pipeline=auto", "parallel.context=3")
     with pytest.raises(ConfigError) as error:
-        make_config(tmp_path, *LLAMA_405B, "parallel.pipeline=2", "parallel.context=3")
+        make_config(tmp_path, *LLAMA_405B, "parallel.pipeline=2", "parallel.context=16")
     assert str(error.value).startswith(
-        "parallel.context: tensor x pipeline x context = 48 does not divide the job's 128 ranks"
+        "parallel.context: tensor x pipeline x context = 256 does not divide the job's 128 ranks"
     )
