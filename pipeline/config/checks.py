@@ -265,7 +265,7 @@ def _check_parallel(cfg: PipelineConfig) -> None:
     ws = derived.world_size(cfg.cluster)
     ranks = f"the job's {ws} rank{'s' * (ws != 1)} (cluster.nodes x tasks per node)"
     given = {key: getattr(p, key) for key in ("tensor", "pipeline") if getattr(p, key) != AUTO}
-    for key, size in given.items():
+    for key, size in {**given, "context": p.context}.items():
         _require(ws % size == 0, f"parallel.{key}", f"{size} does not divide {ranks}")
     groups = m.num_query_groups or m.num_attention_heads
     _require(
@@ -274,12 +274,7 @@ def _check_parallel(cfg: PipelineConfig) -> None:
         f"{p.tensor} does not divide the attention heads ({m.num_attention_heads}) "
         f"and query groups ({groups})",
     )
-    stages = p.pipeline * (p.virtual_pipeline or 1) if "pipeline" in given else 1
-    _require(
-        m.num_layers % stages == 0,
-        "parallel.pipeline",
-        f"model.num_layers={m.num_layers} is not divisible by pipeline x virtual stages = {stages}",
-    )
+    _check_pipeline_split(cfg, "pipeline" in given)
     _require(
         "tensor" not in given or not p.sequence_parallel or p.tensor > 1,
         "parallel.sequence_parallel",
@@ -291,3 +286,42 @@ def _check_parallel(cfg: PipelineConfig) -> None:
             "parallel.tensor",
             f"tensor x pipeline = {p.tensor * p.pipeline} does not divide {ranks}",
         )
+        model_ranks = p.tensor * p.pipeline * p.context
+        _require(
+            ws % model_ranks == 0,
+            "parallel.context",
+            f"tensor x pipeline x context = {model_ranks} does not divide {ranks}",
+        )
+
+
+# Megatron's uneven split, by the layers it adds, named where a layer count the stages do not
+# divide would split with it (the loss alone adds one as the embedding does)
+_UNEVEN_SPLITS = (
+    (1, "parallel.account_for_embedding=true"),
+    (2, "parallel.account_for_embedding=true parallel.account_for_loss=true"),
+)
+
+
+def _check_pipeline_split(cfg: PipelineConfig, pipeline_given: bool) -> None:
+    """The layers, with the embedding and loss where they count as layers, split evenly over
+    the pipeline ranks and their virtual stages (megatron-core's rule for either split)."""
+    p, m = cfg.parallel, cfg.model
+    if not pipeline_given:  # the planner chooses the pipeline, then this is checked again
+        return
+    accounted = [k for k in ("account_for_embedding", "account_for_loss") if getattr(p, k)]
+    stages = p.pipeline * (p.virtual_pipeline or 1)
+    units = m.num_layers + len(accounted)
+    if units % stages == 0:
+        return
+    if accounted:
+        counted = " and ".join(k.removeprefix("account_for_") for k in accounted)
+        raise ConfigError(
+            f"parallel.pipeline: model.num_layers={m.num_layers} with the {counted} counted as "
+            f"layers ({units}) is not divisible by pipeline x virtual stages = {stages}"
+        )
+    fixes = [keys for extra, keys in _UNEVEN_SPLITS if (units + extra) % stages == 0]
+    hint = f"; uneven first and last stages split it: {fixes[0]}" if fixes else ""
+    raise ConfigError(
+        f"parallel.pipeline: model.num_layers={m.num_layers} is not divisible by pipeline x "
+        f"virtual stages = {stages}{hint}"
+    )

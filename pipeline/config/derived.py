@@ -34,7 +34,8 @@ def world_size(cluster: ClusterConfig) -> int:
 
 
 def data_parallel_size(cfg: PipelineConfig) -> int:
-    return world_size(cfg.cluster) // (cfg.parallel.tensor * cfg.parallel.pipeline)
+    p = cfg.parallel
+    return world_size(cfg.cluster) // (p.tensor * p.pipeline * p.context)
 
 
 @dataclass(frozen=True)

@@ -229,6 +229,20 @@ class ParallelConfig:
         "parameters per gradient-reduction bucket; none: megatron-core's (40M or 1M x DP)",
         rule=AT_LEAST_ONE,
     )
+    # Uneven pipeline stages, as Megatron splits them: the embedding and the loss each count as
+    # one layer when the layers are shared out, so the first and last stage hold one layer
+    # fewer (126 layers over 16 stages: 7 + 14 x 8 + 7). Chosen over explicit first/last layer
+    # counts because it also splits interleaved stages (Llama 3.1 405B's PP=8 x VP=8)
+    account_for_embedding: bool = command(
+        False, "the first pipeline stage counts the embedding as a layer"
+    )
+    account_for_loss: bool = command(
+        False, "the last pipeline stage counts the output layer and loss as a layer"
+    )
+    # planned and estimated; training with it needs Transformer Engine on several GPUs
+    context: int = command(
+        1, "context-parallel size: each sequence split over this many GPUs", rule=AT_LEAST_ONE
+    )
 
 
 @dataclass

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 from pipeline.config import PipelineConfig
 from pipeline.config.derived import settled
 from pipeline.model.sizes import ffn_hidden_size, padded_vocab, params_dtype
+from pipeline.model.stages import PipelineSplit
 from pipeline.model.vocab_padding import mask_padding
 
 if TYPE_CHECKING:
@@ -37,7 +38,8 @@ def transformer_config(cfg: PipelineConfig, backend: Backend) -> TransformerConf
         recompute = dict(
             recompute_granularity="full",
             recompute_method="block",
-            recompute_num_layers=t.recompute_layers or m.num_layers // s.pipeline,
+            recompute_num_layers=t.recompute_layers
+            or PipelineSplit.of(p).most_layers(m.num_layers, s.pipeline),
         )
     return TransformerConfig(
         num_layers=m.num_layers,
@@ -55,6 +57,9 @@ def transformer_config(cfg: PipelineConfig, backend: Backend) -> TransformerConf
         tensor_model_parallel_size=s.tensor,
         pipeline_model_parallel_size=s.pipeline,
         virtual_pipeline_model_parallel_size=p.virtual_pipeline,
+        account_for_embedding_in_pipeline_split=p.account_for_embedding,
+        account_for_loss_in_pipeline_split=p.account_for_loss,
+        context_parallel_size=p.context,
         sequence_parallel=p.sequence_parallel,
         bf16=t.precision in ("bf16", "fp8"),
         fp16=t.precision == "fp16",

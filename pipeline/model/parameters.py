@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 from pipeline.config import ModelConfig
 from pipeline.model.sizes import ffn_hidden_size, padded_vocab
+from pipeline.model.stages import EVEN, PipelineSplit
 
 
 @dataclass(frozen=True)
@@ -121,11 +122,17 @@ def parameter_count(m: ModelConfig, vocab_size: int, tensor: int = 1) -> dict[st
 
 
 def stage_params(
-    m: ModelConfig, vocab_size: int, tensor: int, pipeline: int, stage: int
+    m: ModelConfig,
+    vocab_size: int,
+    tensor: int,
+    pipeline: int,
+    stage: int,
+    split: PipelineSplit = EVEN,
 ) -> dict[str, int]:
     """Parameters on one GPU of a pipeline stage (one tensor-parallel rank): its share of the
-    layers, the embedding on the first stage, final norm and output layer on the last."""
-    layers = m.num_layers // pipeline
+    layers (fewer on the first and last stage where `split` counts the embedding or the loss as
+    a layer), the embedding on the first stage, final norm and output layer on the last."""
+    layers = split.layers(m.num_layers, pipeline, stage)
     transformer = sum(layer_params(m).values(), Part()) * layers
     embedding = output = Part()
     if stage == 0:

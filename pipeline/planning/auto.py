@@ -26,6 +26,7 @@ from pipeline.config.schema import AUTO
 from pipeline.core.errors import ConfigError
 from pipeline.core.paths import RunPaths
 from pipeline.data.datasets import vocab_size
+from pipeline.model.stages import PipelineSplit
 from pipeline.planning import hardware, run_gpu
 from pipeline.planning.hardware import Hardware
 from pipeline.planning.parallel_layout import ParallelLayout
@@ -103,7 +104,7 @@ def constraints(cfg: PipelineConfig) -> tuple[Constraints, str]:
     saved = None
     if AUTO in (p.tensor, p.pipeline):
         saved = (tracked_state(RunPaths.of(cfg.workdir)) or {}).get("layout")
-    if saved and world_size(cfg.cluster) % (saved["tensor"] * saved["pipeline"]) == 0:
+    if saved and model_ranks(cfg) % (saved["tensor"] * saved["pipeline"]) == 0:
         was = (saved["tensor"], saved["pipeline"])
         if all(given in (AUTO, w) for given, w in zip((p.tensor, p.pipeline), was, strict=True)):
             tensors, pipelines = (was[0],), (was[1],)
@@ -150,9 +151,16 @@ def micro_batches(cfg: PipelineConfig, per_rank: int, fixed_layout: bool) -> lis
     return divisors(per_rank)
 
 
+def model_ranks(cfg: PipelineConfig) -> int:
+    """The ranks that share out one copy of the model's layers: the context ranks split the
+    sequence, not the layers."""
+    return world_size(cfg.cluster) // cfg.parallel.context
+
+
 def open_sizes(cfg: PipelineConfig, open_: Constraints) -> list[tuple[int, int]]:
     """The (tensor, pipeline) sizes the search opens for this run under `open_`."""
-    return list(parallel_sizes(cfg.model, world_size(cfg.cluster), open_))
+    split = PipelineSplit.of(cfg.parallel)
+    return list(parallel_sizes(cfg.model, model_ranks(cfg), open_, split=split))
 
 
 def options(
@@ -168,7 +176,7 @@ def options(
     open_ = open_ or constraints(cfg)[0]
     fixed = len(open_sizes(cfg, open_)) == 1
     open_ = replace(open_, micro_batches=lambda per_rank: micro_batches(cfg, per_rank, fixed))
-    gpus_, global_batch = world_size(cfg.cluster), cfg.train.global_batch_size
+    gpus_, global_batch = model_ranks(cfg), cfg.train.global_batch_size
     found = search(cfg.model, vocab, gpus_, global_batch, hw, base_layout(cfg), open_)
     return [Option(c.layout, c.memory["total"], c.tokens_per_s) for c in found.ranked()]
 

@@ -104,10 +104,8 @@ def capacity(hw: Hardware) -> int:
 
 
 def memory_need(row: Row, layout: ParallelLayout) -> int:
-    """Bytes on the busiest GPU by the memory estimate (context parallelism splits the
-    sequence)."""
-    split = replace(row.model, seq_length=row.model.seq_length // layout.context)
-    return memory_per_gpu(split, row.vocab, layout)["total"]
+    """Bytes on the busiest GPU by the memory estimate."""
+    return memory_per_gpu(row.model, row.vocab, layout)["total"]
 
 
 def fits(row: Row, layout: ParallelLayout) -> bool:

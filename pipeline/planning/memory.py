@@ -7,6 +7,7 @@ for backward. tests/gpu compares these with torch.cuda.max_memory_allocated().""
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 from pipeline.config import ModelConfig
 from pipeline.model.parameters import stage_params
@@ -72,10 +73,12 @@ def layer_activations(m: ModelConfig, layout: ParallelLayout, recompute: str | N
     return math.ceil(whole / seq_split + split / layout.tensor)
 
 
-def stage_activations(m: ModelConfig, layout: ParallelLayout, recompute: str | None = None) -> int:
+def stage_activations(
+    m: ModelConfig, layout: ParallelLayout, recompute: str | None = None, stage: int = 0
+) -> int:
     """One micro-batch's activations over a pipeline stage's layers (per GPU)."""
     recompute = recompute or layout.recompute
-    layers = m.num_layers // layout.pipeline
+    layers = layout.pipeline_split.layers(m.num_layers, layout.pipeline, stage)
     if recompute != "full":
         return layers * layer_activations(m, layout, recompute)
     recomputed = min(layout.recompute_layers or layers, layers)
@@ -121,7 +124,8 @@ def static_bytes(params: dict[str, int], layout: ParallelLayout) -> dict[str, in
     the distributed optimizer shards over data-parallel ranks. fp8 adds Transformer Engine's
     cached fp8 weight and its transpose (2 bytes per GEMM weight). fp32: no master copy."""
     n = params["total"]
-    shards = layout.data if layout.distributed_optimizer else 1
+    # megatron-core's distributed optimizer shards over the data- and context-parallel ranks
+    shards = layout.data * layout.context if layout.distributed_optimizer else 1
     if layout.precision == "fp32":
         weights, optimizer = 4 * n, 8 * n
     else:
@@ -137,9 +141,10 @@ def static_bytes(params: dict[str, int], layout: ParallelLayout) -> dict[str, in
 def stage_memory(
     m: ModelConfig, vocab_size: int, layout: ParallelLayout, stage: int
 ) -> dict[str, int]:
-    params = stage_params(m, vocab_size, layout.tensor, layout.pipeline, stage)
+    split = layout.pipeline_split
+    params = stage_params(m, vocab_size, layout.tensor, layout.pipeline, stage, split)
     memory = static_bytes(params, layout)
-    per_micro_batch = stage_activations(m, layout)
+    per_micro_batch = stage_activations(m, layout, stage=stage)
     in_flight = micro_batches_in_flight(layout, stage)
     memory["activations"] = math.ceil(per_micro_batch * in_flight)
     last = stage == layout.pipeline - 1
@@ -157,6 +162,11 @@ def memory_per_gpu(m: ModelConfig, vocab_size: int, layout: ParallelLayout) -> d
     """Peak bytes on the busiest GPU (the first or the last pipeline stage): weights, gradients,
     optimizer, activations (micro-batches in flight), logits, recompute working set, overhead,
     total; with activations_per_micro_batch and the stage it describes. total - overhead is
-    what torch.cuda.max_memory_allocated() should report."""
-    stages = {0, layout.pipeline - 1}
-    return max((stage_memory(m, vocab_size, layout, s) for s in stages), key=lambda m: m["total"])
+    what torch.cuda.max_memory_allocated() should report. Context parallelism splits each
+    sequence over layout.context GPUs; with the embedding counted as a layer, the second stage
+    holds a whole share of layers and nearly as many micro-batches as the first."""
+    local = replace(m, seq_length=m.seq_length // layout.context)
+    stages = {0, min(1, layout.pipeline - 1), layout.pipeline - 1}
+    return max(
+        (stage_memory(local, vocab_size, layout, s) for s in stages), key=lambda m: m["total"]
+    )

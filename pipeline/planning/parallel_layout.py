@@ -12,6 +12,7 @@ from pipeline.config.derived import (
     settled,
     trains_on_gpu,
 )
+from pipeline.model.stages import EVEN, PipelineSplit
 
 
 @dataclass(frozen=True)
@@ -24,8 +25,10 @@ class ParallelLayout:
     recompute: str = "none"  # none | selective | full
     recompute_layers: int | None = None  # full recompute: layers recomputed per stage
     virtual_pipeline: int | None = None
+    # the embedding or the loss counted as a layer: fewer layers on the first or last stage
+    pipeline_split: PipelineSplit = EVEN
     sequence_parallel: bool = False
-    context: int = 1  # context-parallel ranks (published runs; this pipeline trains with 1)
+    context: int = 1  # context-parallel ranks (published runs, planned runs; trained with 1)
     distributed_optimizer: bool = True
     overlap_grad_reduce: bool = False
     overlap_param_gather: bool = False
@@ -59,7 +62,9 @@ class ParallelLayout:
             recompute=s.recompute,
             recompute_layers=t.recompute_layers,
             virtual_pipeline=p.virtual_pipeline,
+            pipeline_split=PipelineSplit.of(p),
             sequence_parallel=sp,
+            context=p.context,
             distributed_optimizer=p.distributed_optimizer,
             overlap_grad_reduce=p.overlap_grad_reduce,
             # megatron-core gathers weights only with the distributed optimizer

@@ -125,6 +125,14 @@ def _check_device(cfg: PipelineConfig) -> None:
         raise ConfigError(
             f"train.precision: {t.precision} needs GPUs (cluster.gpus_per_node); use fp32 on CPU"
         )
+    if cfg.parallel.context > 1 and "train" in cfg.stages:
+        # megatron-core splits attention over the sequence with Transformer Engine only; the
+        # batch split by sequence waits for a machine with several GPUs to be run on
+        why = "is planned only, not trained yet" if trains_on_gpu(cfg) else "needs GPUs"
+        raise ConfigError(
+            f"parallel.context: context parallelism {why} (python -m pipeline.plan estimates "
+            "it); use 1"
+        )
     if not trains_on_gpu(cfg) and cfg.parallel.sequence_parallel:
         raise ConfigError("parallel.sequence_parallel: needs GPUs; use false on CPU")
     if not trains_on_gpu(cfg) and settled(cfg).pipeline > 1 and not cfg.model.untie_embeddings:
@@ -274,6 +282,8 @@ def _check_resume_layout(cfg: PipelineConfig, vocab_size: int) -> None:
             "tensor": s.tensor,
             "pipeline": s.pipeline,
             "virtual_pipeline": cfg.parallel.virtual_pipeline,
+            "account_for_embedding": cfg.parallel.account_for_embedding,
+            "account_for_loss": cfg.parallel.account_for_loss,
             "backend": backend_names.for_training(cfg),
             "padded_vocab_size": padded_vocab(vocab_size, cfg.model, s.tensor),
         },

@@ -128,10 +128,10 @@ def _parameter_lines(
         f"{count(c['norms_per_layer'])}; final norm {count(c['final_norm'])})",
         f"  output layer  {count(c['output_layer']):>9}  ({tied})",
     ]
-    t, p = layout.tensor, layout.pipeline
+    t, p, split = layout.tensor, layout.pipeline, layout.pipeline_split
     stages = sorted({0, p - 1})
     per_gpu = ", ".join(
-        f"stage {s}: {count(stage_params(m, vocab_size, t, p, s)['total'])}" for s in stages
+        f"stage {s}: {count(stage_params(m, vocab_size, t, p, s, split)['total'])}" for s in stages
     )
     lines.append(f"  per GPU (TP={t}, PP={p}): {per_gpu}")
     return lines
@@ -189,7 +189,12 @@ def _activation_table(cfg: PipelineConfig, layout: ParallelLayout) -> list[str]:
         columns += [("bf16", True), ("fp8", True)]
     if not layout.fused_kernels:
         columns = [(layout.precision, False)]
-    layers = cfg.model.num_layers // layout.pipeline
+    split, pipeline = layout.pipeline_split, layout.pipeline
+    layers = split.most_layers(cfg.model.num_layers, pipeline)
+    fullest = next(
+        s for s in range(pipeline) if split.layers(cfg.model.num_layers, pipeline, s) == layers
+    )
+    local = replace(cfg.model, seq_length=cfg.model.seq_length // layout.context)
     head = "".join(f"{precision + (' +SP' if sp else ''):>12}" for precision, sp in columns)
     lines = [
         f"Activations per micro-batch ({layers} layers on a GPU, micro-batch "
@@ -201,7 +206,7 @@ def _activation_table(cfg: PipelineConfig, layout: ParallelLayout) -> list[str]:
             replace(layout, precision=precision, sequence_parallel=sp, recompute=mode)
             for precision, sp in columns
         )
-        cells = "".join(f"{gib(stage_activations(cfg.model, v)):>12}" for v in variants)
+        cells = "".join(f"{gib(stage_activations(local, v, stage=fullest)):>12}" for v in variants)
         lines.append(f"  {mode:<10}{cells}")
     return lines
 

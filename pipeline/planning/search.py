@@ -15,6 +15,7 @@ from types import MappingProxyType
 from pipeline.config import ModelConfig, PipelineConfig
 from pipeline.config.choices import RECOMPUTE_MODES
 from pipeline.model.sizes import ffn_hidden_size
+from pipeline.model.stages import EVEN, PipelineSplit
 from pipeline.planning import hardware
 from pipeline.planning.hardware import Hardware
 from pipeline.planning.memory import memory_per_gpu
@@ -78,18 +79,23 @@ def tensor_parallel_problem(m: ModelConfig, tensor: int) -> str | None:
     return None
 
 
-def pipeline_problem(m: ModelConfig, pipeline: int) -> str | None:
-    if m.num_layers % pipeline:
-        return f"PP={pipeline} does not divide {m.num_layers} layers"
+def pipeline_problem(m: ModelConfig, pipeline: int, split: PipelineSplit = EVEN) -> str | None:
+    """Why `pipeline` stages cannot share out the layers (and the embedding and loss, where
+    `split` counts them as layers)."""
+    units = split.units(m.num_layers)
+    if units % pipeline:
+        return f"PP={pipeline} does not divide {units} layers"
     return None
 
 
-def virtual_stages(m: ModelConfig, pipeline: int, grad_accum: int) -> list[int | None]:
+def virtual_stages(
+    m: ModelConfig, pipeline: int, grad_accum: int, split: PipelineSplit = EVEN
+) -> list[int | None]:
     """Virtual pipeline stages worth trying: none, and up to 8 that split each stage's layers
     evenly where the interleaved schedule can run (micro-batches a multiple of the stages)."""
     if pipeline == 1 or grad_accum % pipeline:
         return [None]
-    per_stage = m.num_layers // pipeline
+    per_stage = split.units(m.num_layers) // pipeline
     return [None] + [v for v in range(2, 9) if per_stage % v == 0]
 
 
@@ -99,6 +105,8 @@ def base_layout(cfg: PipelineConfig) -> ParallelLayout:
     p, t = cfg.parallel, cfg.train
     return ParallelLayout(
         recompute_layers=t.recompute_layers,
+        pipeline_split=PipelineSplit.of(p),
+        context=p.context,
         distributed_optimizer=p.distributed_optimizer,
         overlap_grad_reduce=p.overlap_grad_reduce,
         overlap_param_gather=p.overlap_param_gather and p.distributed_optimizer,
@@ -110,10 +118,15 @@ def base_layout(cfg: PipelineConfig) -> ParallelLayout:
 
 
 def parallel_sizes(
-    m: ModelConfig, gpus: int, c: Constraints, rejected: list[str] | None = None
+    m: ModelConfig,
+    gpus: int,
+    c: Constraints,
+    rejected: list[str] | None = None,
+    split: PipelineSplit = EVEN,
 ) -> Iterator[tuple[int, int]]:
-    """The (TP, PP) pairs open for `gpus` GPUs, in order; why each size is left out goes into
-    `rejected` as the pairs are reached."""
+    """The (TP, PP) pairs open for `gpus` GPUs (those of one context-parallel rank), in order,
+    the pipeline stages sharing out the layers as `split` counts them; why each size is left
+    out goes into `rejected` as the pairs are reached."""
     rejected = [] if rejected is None else rejected
     for tensor in c.tensors or divisors(gpus):
         if gpus % tensor or (c.max_tensor is not None and tensor > c.max_tensor):
@@ -126,7 +139,7 @@ def parallel_sizes(
             if c.pipelines is not None and pipeline not in c.pipelines:
                 continue
             stages = 1 if c.search_virtual or pipeline == 1 else c.virtual_pipeline or 1
-            problem = pipeline_problem(m, pipeline * stages)
+            problem = pipeline_problem(m, pipeline * stages, split)
             if problem:
                 if problem not in rejected:  # once, not for every TP
                     rejected.append(problem)
@@ -146,7 +159,7 @@ def search(
     """Every layout `c` opens for `gpus` GPUs of `hw` at `global_batch` sequences, from `base`
     (precision, optimizer and overlap settings), each with its memory and speed estimate."""
     found = Search()
-    for tensor, pipeline in parallel_sizes(m, gpus, c, found.rejected):
+    for tensor, pipeline in parallel_sizes(m, gpus, c, found.rejected, base.pipeline_split):
         data = gpus // (tensor * pipeline)
         if global_batch % data:
             where = f"TP={tensor} PP={pipeline} DP={data}"
@@ -159,7 +172,7 @@ def search(
             accum = per_rank // micro
             virtuals = [c.virtual_pipeline if pipeline > 1 else None]
             if c.search_virtual:
-                virtuals = virtual_stages(m, pipeline, accum)
+                virtuals = virtual_stages(m, pipeline, accum, base.pipeline_split)
             for virtual in virtuals:
                 for mode in c.recompute:
                     layout = replace(
@@ -168,7 +181,6 @@ def search(
                         pipeline=pipeline,
                         virtual_pipeline=virtual,
                         data=data,
-                        context=1,
                         micro_batch=micro,
                         grad_accum=accum,
                         recompute=mode,

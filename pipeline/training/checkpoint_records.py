@@ -8,6 +8,8 @@ from pipeline.core import files
 from pipeline.core.paths import RunPaths
 
 LAYOUT_KEYS = ("tensor", "pipeline", "virtual_pipeline")
+# Megatron's uneven stages; a checkpoint of an earlier version holds neither: an even split
+SPLIT_KEYS = ("account_for_embedding", "account_for_loss")
 
 
 def tracked_state(paths: RunPaths) -> dict | None:
@@ -39,16 +41,17 @@ def chosen(paths: RunPaths, choice: str) -> str | None:
 
 def layout_problem(saved: dict | None, current: dict) -> tuple[str, str] | None:
     """(key, why) when training cannot resume from the checkpoint whose state.json is `saved`
-    under the `current` layout (LAYOUT_KEYS, backend, padded_vocab_size). Its weights and
+    under the `current` layout (LAYOUT_KEYS, SPLIT_KEYS, backend, padded_vocab_size). Its weights and
     optimizer state are sharded by megatron-core's distributed format, so they load under any
     tensor, pipeline and data-parallel layout, unless the layout pads the vocabulary to another
     size (the embedding's shape), another backend would read the optimizer state (its format),
     or the distributed optimizer saved its shards in place (train.reshardable_optimizer=false):
-    those load under the same tensor/pipeline layout alone."""
+    those load under the same tensor/pipeline layout and stage split alone."""
     layout = (saved or {}).get("layout")
     if not layout:
         return None
     was = ", ".join(f"parallel.{k}={layout[k]}" for k in LAYOUT_KEYS)
+    was += "".join(f", parallel.{k}=true" for k in SPLIT_KEYS if layout.get(k))
     backend, padded_vocab_size = current["backend"], current["padded_vocab_size"]
     if layout.get("backend") != backend:
         return "train.device", (
@@ -64,6 +67,7 @@ def layout_problem(saved: dict | None, current: dict) -> tuple[str, str] | None:
             "choose a tensor-parallel size that pads it the same"
         )
     changed = [k for k in LAYOUT_KEYS if layout[k] != current[k]]
+    changed += [k for k in SPLIT_KEYS if layout.get(k, False) != current.get(k, False)]
     if layout.get("optimizer_sharding") == "dp_reshardable" and changed:
         return f"parallel.{changed[0]}", (
             f"the checkpoint to resume holds the distributed optimizer's shards as saved under "

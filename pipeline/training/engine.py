@@ -116,6 +116,8 @@ class Engine:
             "tensor": s.tensor,
             "pipeline": s.pipeline,
             "virtual_pipeline": self.cfg.parallel.virtual_pipeline,
+            "account_for_embedding": self.cfg.parallel.account_for_embedding,
+            "account_for_loss": self.cfg.parallel.account_for_loss,
             "padded_vocab_size": self.padded_vocab_size,
             "precision": self.cfg.train.precision,
             "backend": self.backend.name,

@@ -25,9 +25,20 @@ LAYOUTS = {
     "single_4_layers": ["model.num_layers=4"],
     # two stages of two virtual stages each: megatron-core's interleaved schedule
     "pipeline2": ["parallel.pipeline=2", "parallel.virtual_pipeline=2", "model.num_layers=4"],
+    "single_3_layers": ["model.num_layers=3"],
+    # Megatron's uneven stages: the embedding counts as a layer, so 3 layers split as 1 + 2
+    "pipeline2_uneven": [
+        "parallel.pipeline=2",
+        "parallel.account_for_embedding=true",
+        "model.num_layers=3",
+    ],
 }
 # each layout against one process training the same model
-REFERENCE = {"tensor2": "single", "pipeline2": "single_4_layers"}
+REFERENCE = {
+    "tensor2": "single",
+    "pipeline2": "single_4_layers",
+    "pipeline2_uneven": "single_3_layers",
+}
 
 
 def _args(workdir: Path, name: str) -> list[str]:
@@ -107,12 +118,13 @@ ONE_PROCESS = [
 ]
 
 
-@pytest.mark.parametrize("name", ["tensor2", "pipeline2"])
+@pytest.mark.parametrize("name", ["tensor2", "pipeline2", "pipeline2_uneven"])
 def test_a_run_saved_by_two_ranks_continues_in_one_process_on_the_same_curve(runs, name, tmp_path):
-    """Saved at step 20 by two ranks (tensor- or pipeline-parallel), continued to step 30 in
-    one process: weights, AdamW's moments and step count, the schedule and the data position
-    load under the other layout, and the losses are those of the same run continued under
-    its own layout."""
+    """Saved at step 20 by two ranks (tensor- or pipeline-parallel, even or uneven stages),
+    continued to step 30 in one process: weights, AdamW's moments and step count, the schedule
+    and the data position load under the other layout (each layer found under its place in
+    the whole model), and the losses are those of the same run continued under its own
+    layout."""
     continued = {}
     for where, layout in (("own layout", []), ("one process", ONE_PROCESS)):
         workdir = tmp_path / where.replace(" ", "-")
@@ -141,6 +153,13 @@ def test_pipeline_stages_on_cpu_with_tied_embeddings_are_refused_before_anything
     assert result.returncode == 2
     assert result.stderr.startswith("error: parallel.pipeline: ") and result.stderr.count("\n") == 1
     assert not (tmp_path / "run").exists()
+
+
+def test_context_parallelism_on_cpu_is_refused_before_anything_runs(tmp_path):
+    result = cli(f"workdir={tmp_path / 'run'}", "parallel.context=2", "cluster.tasks_per_node=2")
+    assert result.returncode == 2
+    assert result.stderr.startswith("error: parallel.context: context parallelism needs GPUs")
+    assert result.stderr.count("\n") == 1 and not (tmp_path / "run").exists()
 
 
 def test_a_layout_that_pads_the_vocabulary_otherwise_is_refused_before_anything_runs(
@@ -185,7 +204,7 @@ def _export(workdir: Path, out: Path) -> dict:
     return tensors
 
 
-@pytest.mark.parametrize("name", REFERENCE)
+@pytest.mark.parametrize("name", ["tensor2", "pipeline2"])
 def test_a_checkpoint_of_two_ranks_exports_to_the_model_one_process_trains(runs, name, tmp_path):
     """The export reads a checkpoint whole, whatever layout wrote it: two tensor-parallel
     ranks, or two pipeline stages of two virtual stages each, give the model of the same

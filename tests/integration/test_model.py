@@ -117,6 +117,17 @@ def test_parameter_count_equals_the_built_megatron_model(shape, model_parallel, 
     assert stage_params(cfg.model, vocab, 1, 1, 0)["total"] == built["total"]
 
 
+def test_a_squared_relu_mlp_computes_relu_squared(model_parallel, tmp_path):
+    cfg = make_config(tmp_path, *SHAPES["squared-relu"][0])
+    torch.manual_seed(0)
+    mlp = gpt.build(cfg, 300, CpuBackend()).decoder.layers[0].mlp
+    x = torch.randn(5, 2, cfg.model.hidden_size)
+    fc1, _ = mlp.linear_fc1(x)
+    assert fc1.shape[-1] == 4 * cfg.model.hidden_size  # ungated: one projection
+    expected, _ = mlp.linear_fc2(torch.relu(fc1) ** 2)
+    assert torch.allclose(mlp(x)[0], expected)
+
+
 def test_the_vocabulary_padding_gets_no_probability_and_no_gradient(model_parallel, tmp_path):
     """1000 pieces padded to 1024 rows: the loss is that of a softmax over the 1000 real
     logits (what the exported model computes), and the padding rows learn nothing from it."""
@@ -175,3 +186,45 @@ def test_a_squared_relu_mlp_applies_relu_squared(model_parallel, tmp_path):
     assert not te.te_activation(cfg) and not te.bias_activation_fusion(cfg)
     swiglu = make_config(tmp_path, "model=tiny", *SMALL)
     assert te.te_activation(swiglu) and te.bias_activation_fusion(swiglu)
+
+
+@pytest.mark.parametrize(
+    "layers,pipeline,virtual,embedding,loss",
+    [
+        (126, 16, None, True, True),  # Llama 3.1 405B, PP=16: 7 + 14 x 8 + 7
+        (126, 8, 8, True, True),  # and PP=8 x VP=8: a first chunk of one layer
+        (3, 2, None, True, False),  # the CPU test's 1 + 2
+        (5, 2, None, False, True),
+        (8, 4, 2, False, False),
+    ],
+)
+def test_the_stage_split_is_the_one_megatron_core_builds(
+    layers, pipeline, virtual, embedding, loss
+):
+    """What the plan counts per stage is what megatron-core builds on each pipeline rank, and
+    the ranks' layers, numbered as checkpoints name them, are each layer of the model once."""
+    from megatron.core.transformer.transformer_block import get_num_layers_to_build
+    from megatron.core.transformer.transformer_config import TransformerConfig
+    from megatron.core.transformer.transformer_layer import get_transformer_layer_offset
+
+    from pipeline.model.stages import PipelineSplit
+
+    config = TransformerConfig(
+        num_layers=layers,
+        hidden_size=8,
+        num_attention_heads=1,
+        pipeline_model_parallel_size=pipeline,
+        virtual_pipeline_model_parallel_size=virtual,
+        account_for_embedding_in_pipeline_split=embedding,
+        account_for_loss_in_pipeline_split=loss,
+        pipeline_dtype=torch.float32,
+    )
+    split, numbered = PipelineSplit(embedding, loss), []
+    for stage in range(pipeline):
+        chunks = range(virtual) if virtual else [None]
+        built = [get_num_layers_to_build(config, vp, stage) for vp in chunks]
+        assert split.layers(layers, pipeline, stage) == sum(built), stage
+        for vp, n in zip(chunks, built, strict=True):
+            offset = get_transformer_layer_offset(config, vp, stage)
+            numbered += range(offset, offset + n)
+    assert sorted(numbered) == list(range(layers))

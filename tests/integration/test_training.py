@@ -17,7 +17,15 @@ from pipeline.data import datasets
 from pipeline.evaluation.steps import EVALUATE
 from pipeline.training import checkpoint
 from pipeline.training.steps import TRAIN
-from tests.conftest import ROOT, SMALL_SERIAL, changed, trainer_of
+from tests.conftest import (
+    ROOT,
+    SMALL,
+    SMALL_SERIAL,
+    changed,
+    copy_tokenized,
+    make_config,
+    trainer_of,
+)
 
 
 def _losses(cfg) -> dict[int, float]:
@@ -114,3 +122,28 @@ def test_a_warning_before_training_starts_is_saved_at_the_first_step(run_copy):
     assert "SIGUSR2: saved step 1, exiting for requeue" in done.stderr
     paths = RunPaths.of(run_copy.workdir)
     assert checkpoint.latest(paths.checkpoints) == paths.checkpoints / checkpoint.folder_name(1)
+
+
+def test_a_squared_relu_model_trains_and_its_export_is_refused_in_one_line(tokenized, tmp_path):
+    """model.activation=squared_relu (tests/integration/test_model.py checks its MLP) learns on
+    CPU; no transformers model computes it, so the export names the key before it reads
+    anything."""
+    workdir = copy_tokenized(tokenized, tmp_path / "run")
+    squared = ["model.activation=squared_relu", "train.steps=10", "train.log_interval=1"]
+    cfg = make_config(workdir, *SMALL, *squared)
+    assert TRAIN.run(cfg)["status"] == "complete"
+    losses = _losses(cfg)
+    assert sum(losses[s] for s in (8, 9, 10)) < sum(losses[s] for s in (1, 2, 3)), losses
+    out = tmp_path / "export"
+    # trained in this process, the run has no history to replay: its settings are given again
+    export = ["-m", "pipeline.export", f"workdir={workdir}", f"out={out}", *SMALL, *squared]
+    refused = subprocess.run(
+        [sys.executable, *export],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert refused.returncode == 2 and refused.stderr.count("\n") == 1, refused.stderr
+    assert refused.stderr.startswith("error: model.activation=squared_relu: no transformers")
+    assert not out.exists() and not out.with_name("export.partial").exists()

@@ -215,3 +215,28 @@ def test_what_cannot_be_chosen_is_refused_naming_the_key(overrides, message, tmp
     with pytest.raises(ConfigError) as error:
         make_config(tmp_path, *overrides)
     assert str(error.value).startswith(message), str(error.value)
+
+
+def test_the_pipeline_sizes_open_to_the_planner_follow_the_uneven_split(tmp_path):
+    """23 layers split over no pipeline of a node's 8 GPUs; with the embedding counted as a
+    layer, 24 split over 2, 4 and 8, and the planner chooses among them."""
+    odd = (*H100_NODE, "model=gpt-1.3b", "model.num_layers=23", "parallel.tensor=1")
+    counted = "parallel.account_for_embedding=true"
+    even, uneven = (
+        auto.open_sizes(cfg, auto.constraints(cfg)[0])
+        for cfg in (
+            make_config(tmp_path, *odd, validate=False),
+            make_config(tmp_path, *odd, counted, validate=False),
+        )
+    )
+    assert [q for _, q in even] == [1]
+    assert [q for _, q in uneven] == [1, 2, 4, 8]
+    cfg = make_config(tmp_path, *odd, counted, "train.global_batch_size=64")
+    assert cfg.model.num_layers == 23 and cfg.parallel.pipeline in (1, 2, 4, 8)
+
+
+def test_the_planner_lays_out_the_ranks_a_context_group_leaves(tmp_path):
+    """8 GPUs, 2 context ranks: tensor x pipeline takes at most 4 of them."""
+    cfg = make_config(tmp_path, *H100_NODE, "model=llama-8b", "parallel.context=2", validate=False)
+    layouts = auto.open_sizes(cfg, auto.constraints(cfg)[0])
+    assert layouts and max(t * q for t, q in layouts) == 4

@@ -59,6 +59,22 @@ def test_optimizer_shards_saved_in_place_keep_the_tensor_and_pipeline_layout():
     assert layout_problem(state(te, tensor=2), layout(te, tensor=1)) is None  # reshardable
 
 
+def test_optimizer_shards_saved_in_place_keep_the_stage_split():
+    """Under the same pipeline size, counting the embedding as a layer moves a layer off the
+    first stage, and the shards saved in place with it; a record of an earlier version, with
+    no split, is an even one."""
+    te = names.TRANSFORMER_ENGINE
+    uneven = {"pipeline": 2, "account_for_embedding": True}
+    saved = state(te, optimizer_sharding="dp_reshardable", **uneven)
+    assert layout_problem(saved, layout(te, **uneven)) is None
+    key, why = layout_problem(saved, layout(te, pipeline=2))
+    assert key == "parallel.account_for_embedding"
+    assert "parallel.virtual_pipeline=None, parallel.account_for_embedding=true," in why
+    earlier = state(te, optimizer_sharding="dp_reshardable", pipeline=2)
+    assert layout_problem(earlier, layout(te, pipeline=2, account_for_loss=False)) is None
+    assert layout_problem(state(te, **uneven), layout(te, pipeline=2)) is None  # reshardable
+
+
 def test_an_empty_or_missing_tracker_names_no_checkpoint(tmp_path):
     paths = RunPaths.of(tmp_path)
     assert paths.latest_checkpoint() is None and chosen(paths, "latest") is None

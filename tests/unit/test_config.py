@@ -160,3 +160,58 @@ def test_a_wrong_layout_or_cluster_key_is_blamed_not_the_batch(overrides, messag
     with pytest.raises(ConfigError) as error:
         make_config(tmp_path, *GPU_NODE, "train.global_batch_size=120", *overrides)
     assert str(error.value).startswith(message), error.value
+
+
+# Llama 3.1 405B's 126 layers on 128 GPUs (TP=8), with the layouts published for it
+LLAMA_405B = (
+    *GPU_NODE,
+    "cluster.nodes=16",
+    "model=llama-8b",
+    "model.num_layers=126",
+    "parallel.tensor=8",
+    "train.micro_batch_size=1",
+    "train.recompute=none",
+    "train.global_batch_size=512",
+)
+BOTH_COUNTED = ("parallel.account_for_embedding=true", "parallel.account_for_loss=true")
+
+
+@pytest.mark.parametrize(
+    "layout,stages",
+    [(["parallel.pipeline=16"], 16), (["parallel.pipeline=8", "parallel.virtual_pipeline=8"], 64)],
+)
+def test_layers_the_stages_do_not_divide_are_refused_with_megatrons_uneven_split_named(
+    layout, stages, tmp_path
+):
+    """Refused as before, with the keys that make the split whole; given, they are accepted."""
+    with pytest.raises(ConfigError) as error:
+        make_config(tmp_path, *LLAMA_405B, *layout)
+    assert str(error.value) == (
+        "parallel.pipeline: model.num_layers=126 is not divisible by pipeline x virtual stages "
+        f"= {stages}; uneven first and last stages split it: " + " ".join(BOTH_COUNTED)
+    )
+    cfg = make_config(tmp_path, *LLAMA_405B, *layout, *BOTH_COUNTED)
+    assert cfg.parallel.account_for_embedding and cfg.parallel.account_for_loss
+
+
+def test_an_uneven_split_that_still_does_not_divide_is_refused_naming_what_counts(tmp_path):
+    with pytest.raises(ConfigError) as error:
+        make_config(
+            tmp_path, *LLAMA_405B, "parallel.pipeline=16", "parallel.account_for_embedding=true"
+        )
+    assert str(error.value) == (
+        "parallel.pipeline: model.num_layers=126 with the embedding counted as layers (127) is "
+        "not divisible by pipeline x virtual stages = 16"
+    )
+
+
+def test_context_parallelism_takes_its_share_of_the_ranks(tmp_path):
+    cfg = make_config(tmp_path, *LLAMA_405B, "parallel.pipeline=1", "parallel.context=2")
+    assert derived.data_parallel_size(cfg) == 128 // (8 * 2)
+    with pytest.raises(ConfigError, match=r"^parallel.context: 3 does not divide the job's 128"):
+        make_config(tmp_path, *LLAMA_405B, "parallel.pipeline=auto", "parallel.context=3")
+    with pytest.raises(ConfigError) as error:
+        make_config(tmp_path, *LLAMA_405B, "parallel.pipeline=2", "parallel.context=16")
+    assert str(error.value).startswith(
+        "parallel.context: tensor x pipeline x context = 256 does not divide the job's 128 ranks"
+    )

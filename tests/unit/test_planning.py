@@ -15,6 +15,7 @@ from pipeline.config import ClusterConfig, ConfigError
 from pipeline.data import datasets
 from pipeline.model import flops
 from pipeline.model.parameters import layer_params, parameter_count, stage_params
+from pipeline.model.stages import PipelineSplit
 from pipeline.plan import pop_options, show
 from pipeline.planning import memory, preflight, render, run_gpu, run_plan, search, throughput
 from pipeline.planning.hardware import preset
@@ -76,6 +77,36 @@ def test_llama_8b_counted_by_hand(tmp_path):
     assert stage_params(cfg.model, 128256, 8, 1, 0)["total"] == 1_004_802_048
     assert stage_params(cfg.model, 128256, 2, 4, 0)["total"] == 1_135_149_056
     assert stage_params(cfg.model, 128256, 2, 4, 3)["total"] == 1_135_149_056 + 4_096
+
+
+def test_uneven_stages_counted_by_hand(tmp_path):
+    """gpt-1.3b (above) over 5 stages, TP=2, the embedding counted as a layer: 25 / 5 = 5 a
+    stage, so the first holds 4 layers and the embedding, the others 5 layers each.
+      first: 4 x 25,694,208 + 32,768,000 = 135,544,832
+      middle: 5 x 25,694,208 = 128,471,040
+      last: 128,471,040 + 2,048 final norm + 32,768,000 output layer = 161,241,088"""
+    cfg = make_config(tmp_path, "model=gpt-1.3b")
+    split = PipelineSplit(embedding=True)
+    counts = [stage_params(cfg.model, 32000, 2, 5, s, split)["total"] for s in (0, 1, 4)]
+    assert counts == [135_544_832, 128_471_040, 161_241_088]
+
+
+def test_the_fullest_stage_and_a_split_sequence_set_the_memory(tmp_path):
+    """126 layers over 16 stages with the embedding and the loss counted: the second stage holds
+    8 layers and 15 micro-batches, more than the first's 7 x 16. Context parallelism keeps
+    the activations of half a sequence."""
+    cfg = make_config(tmp_path, "model=llama-8b", "model.num_layers=126")
+    layout = ParallelLayout(
+        tensor=8, pipeline=16, data=1, micro_batch=1, grad_accum=32, sequence_parallel=True
+    )
+    uneven = replace(layout, pipeline_split=PipelineSplit(embedding=True, loss=True))
+    busiest = memory.memory_per_gpu(cfg.model, 128256, uneven)
+    assert busiest["stage"] == 1
+    assert busiest["activations_per_micro_batch"] == 8 * memory.layer_activations(cfg.model, uneven)
+    halves = memory.memory_per_gpu(cfg.model, 128256, replace(layout, context=2))
+    half_sequence = changed(cfg, "model", seq_length=cfg.model.seq_length // 2).model
+    whole = memory.memory_per_gpu(half_sequence, 128256, layout)
+    assert halves["activations_per_micro_batch"] == whole["activations_per_micro_batch"]
 
 
 def test_tied_embeddings_need_an_output_copy_only_across_pipeline_stages(tmp_path):
@@ -344,6 +375,8 @@ GPU_SLURM = [
             "no layout of 1 GPUs fits",
         ),
         ([*GPU_SLURM, "cluster.time_limit=00:02:00"], "cluster.time_limit", "no time to train"),
+        (["cluster.tasks_per_node=2", "parallel.context=2"], "parallel.context", "needs GPUs"),
+        ([*GPU_SLURM, "parallel.context=2"], "parallel.context", "planned only"),
         (
             [
                 *GPU_SLURM,
