@@ -20,7 +20,7 @@ sys.path.insert(0, str(ROOT))
 from omegaconf import OmegaConf  # noqa: E402
 
 from pipeline.config import ModelConfig  # noqa: E402
-from pipeline.planning import hardware, scaling  # noqa: E402
+from pipeline.planning import calibration, hardware, scaling  # noqa: E402
 from pipeline.planning.throughput import CONSTANTS  # noqa: E402
 from pipeline.runtime.gpus import capacity_bytes  # noqa: E402
 
@@ -70,6 +70,18 @@ def rows(name: str, weak: bool, hw: hardware.Hardware, capacity: int) -> list[st
     return out
 
 
+def fidelity() -> str:
+    """The model's median error on the rows it was fitted on and on those held out from the fit,
+    as `python -m pipeline.plan --validate` prints them."""
+    sets = calibration.counted_sets(calibration.load())
+    fit, held = (calibration.bounds(calibration.errors(sets[k])) for k in ("fit", "held_out"))
+    return (
+        f"median error {fit['median']:.1%} on the {fit['rows']:.0f} rows it was fitted on, "
+        f"{held['median']:.1%} on {held['rows']:.0f} rows held out from the fit, "
+        f"{held['within']:.0%} of which are within 15%"
+    )
+
+
 def document(gpu: str) -> str:
     hw = hardware.preset(gpu)
     capacity = capacity_bytes(80 if gpu == "H100" else 141)
@@ -87,7 +99,7 @@ def document(gpu: str) -> str:
         "Each point is the fastest layout the search finds (TP inside a node, PP dividing the "
         "layers, virtual stages, micro-batch 1-64, recompute) whose memory estimate fits the GPU. "
         "These are predictions, not measurements: `python -m pipeline.plan --validate` shows "
-        "the model against published runs (median error a few percent, the worst ~15%). "
+        f"the model against published runs ({fidelity()}). "
         "*Efficiency* is tokens/s per GPU against the first point that fits; *limit* is the "
         "largest cost beyond compute, as a share of the step.",
     ]

@@ -2,13 +2,17 @@
 predicted tokens/s/GPU at its published layout, the error, and the planner's own choice for the
 same model, GPU count, GPU and global batch. `python -m pipeline.plan --validate` prints it.
 
-Rows whose source leaves part of the layout out (`not_published`) are predicted at the fastest
-completion that fits the GPUs' memory, and shown apart: the bounds hold on complete rows.
+Each row has a role: "fit" rows are the ones the constants were fitted on; "held_out" rows are
+never used to fit, and the bounds hold on them as well (on all of them, and on those from sources
+no fitted row comes from). Rows whose source leaves part of the layout out (`not_published`) are
+predicted at the fastest completion that fits the GPUs' memory, and shown apart: the bounds hold
+on complete rows.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import statistics
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
@@ -37,6 +41,7 @@ class Row:
     published: float  # tokens/s/GPU
     complete: bool
     source: str
+    role: str  # "fit" or "held_out"
 
 
 def model_of(spec: dict) -> ModelConfig:
@@ -82,8 +87,16 @@ def layout_of(r: dict) -> ParallelLayout:
     )
 
 
+ROLES = ("fit", "held_out")
+
+
 def load(path: Path = PUBLISHED) -> list[Row]:
     rows = json.loads(path.read_text())["rows"]
+    for r in rows:
+        if r.get("role") not in ROLES:
+            raise ValueError(
+                f"{path}: row {r['id']} has role {r.get('role')!r}, not one of {ROLES}"
+            )
     return [
         Row(
             id=r["id"],
@@ -94,9 +107,34 @@ def load(path: Path = PUBLISHED) -> list[Row]:
             published=r["tokens_per_s_per_gpu"],
             complete=not r.get("not_published"),
             source=r["source"]["url"],
+            role=r["role"],
         )
         for r in rows
     ]
+
+
+def source_document(url: str) -> str:
+    """The document a row comes from, whichever commit of it: rows of one README or summary page
+    at two commits share a source."""
+    return re.sub(r"/(blob|tree)/[0-9a-f]{7,40}/", "/", url)
+
+
+def counted_sets(rows: list[Row]) -> dict[str, list[Row]]:
+    """The complete rows the bounds hold on: those fitted on, those held out, and the held-out
+    rows from sources no fitted row comes from."""
+    complete = [r for r in rows if r.complete]
+    fit = [r for r in complete if r.role == "fit"]
+    held_out = [r for r in complete if r.role == "held_out"]
+    fitted_sources = {source_document(r.source) for r in rows if r.role == "fit"}
+    unseen = [r for r in held_out if source_document(r.source) not in fitted_sources]
+    return {"fit": fit, "held_out": held_out, "unseen_sources": unseen}
+
+
+SET_NAMES = {
+    "fit": "Fitted rows",
+    "held_out": "Held-out rows (never fitted on)",
+    "unseen_sources": "Held-out rows from sources no fitted row comes from",
+}
 
 
 def capacity(hw: Hardware) -> int:
