@@ -11,7 +11,7 @@ PYTHON := $(VENV)/bin/python
 ENV := $(VENV)/.installed
 endif
 
-.PHONY: pretrain test lint format status env clean
+.PHONY: pretrain test test-fast lint format status env clean
 
 pretrain: $(ENV)
 	$(PYTHON) -m pipeline $(ARGS)
@@ -19,8 +19,13 @@ pretrain: $(ENV)
 status: $(ENV)
 	$(PYTHON) -m pipeline.status $(ARGS)
 
+# every tier but the GPU tests; the time of each tier is printed at the end
 test: $(ENV)
 	$(PYTHON) -m pytest $(PYTEST_ARGS)
+
+# the fast tier, before each commit: no torch, no subprocess pipelines (about a minute)
+test-fast: $(ENV)
+	$(PYTHON) -m pytest -m unit $(PYTEST_ARGS)
 
 lint: $(ENV)
 	$(PYTHON) -m ruff check .

@@ -60,12 +60,43 @@ SMALL = [
 SMALL_SERIAL = [*SMALL, "train.threads=1"]
 
 
+def tier_of(item: pytest.Item) -> str:
+    """The folder (and marker) a test belongs to: unit, integration, cli, slurm or gpu."""
+    return Path(str(item.path)).resolve().relative_to(TESTS).parts[0]
+
+
 @pytest.hookimpl(tryfirst=True)  # before -m selects by marker
 def pytest_collection_modifyitems(config, items):
     for item in items:
-        folder = Path(str(item.path)).resolve().relative_to(TESTS).parts[0]
-        if folder in FOLDERS:
-            item.add_marker(folder)
+        if tier_of(item) in FOLDERS:
+            item.add_marker(tier_of(item))
+    # the fast tiers first, so that a broken unit shows in a minute, not after the Slurm tests
+    rank = {tier: n for n, tier in enumerate(FOLDERS)}
+    items.sort(key=lambda item: rank.get(tier_of(item), len(FOLDERS)))
+
+
+# Wall time of each tier, fixtures included, printed after the run: the suite's budget is kept
+# tier by tier (the fast tier before each commit, all of them in CI).
+_TIER_SECONDS: dict[str, list[float]] = {}
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    started = time.monotonic()
+    yield
+    spent = _TIER_SECONDS.setdefault(tier_of(item), [0.0, 0])
+    spent[0] += time.monotonic() - started
+    spent[1] += 1
+
+
+def pytest_terminal_summary(terminalreporter):
+    if not _TIER_SECONDS:
+        return
+    terminalreporter.write_sep("-", "time by tier")
+    for tier in FOLDERS:
+        if tier in _TIER_SECONDS:
+            seconds, count = _TIER_SECONDS[tier]
+            terminalreporter.write_line(f"{tier:<12} {count:>4} tests {seconds / 60:6.1f} min")
 
 
 # train=gpu with the layout, micro-batch and recompute given, as the hand-worked figures of the
