@@ -222,21 +222,38 @@ def test_profiled_steps_show_where_device_time_goes(data_dir, tmp_path):
     assert "| gemm |" in table and "| attention |" in table, table
 
 
+def test_a_squared_relu_mlp_trains_in_transformer_engines_layers(data_dir, tmp_path):
+    """model.activation=squared_relu: megatron-core's function inside TE's layers (TE's
+    activation op has none), bf16: the loss falls as the SwiGLU model's does."""
+    run = with_data(data_dir, tmp_path / "squared-relu")
+    pipeline(run, "stages=[tokenize,train]", "model.activation=squared_relu", "train.steps=30")
+    losses = curve(run)
+    assert losses[30] < losses[1] - 1.0, losses
+
+
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs")
 @pytest.mark.parametrize(
-    "layout", [["parallel.tensor=1"], ["parallel.tensor=2"]], ids=["dp2", "tp2"]
+    "model,layout",
+    [
+        ([], ["parallel.tensor=1"]),
+        ([], ["parallel.tensor=2"]),  # sequence parallelism on, as with any TP > 1
+        # 3 layers, the embedding counted as a layer: a first stage of 1 layer, a last of 2
+        (["model.num_layers=3"], ["parallel.pipeline=2", "parallel.account_for_embedding=true"]),
+    ],
+    ids=["dp2", "tp2", "pp2-uneven"],
 )
-def test_two_gpus_match_one_gpu(data_dir, tmp_path, layout):
+def test_two_gpus_match_one_gpu(data_dir, tmp_path, model, layout):
     one = with_data(data_dir, tmp_path / "one")
     two = with_data(data_dir, tmp_path / "two")
     same_init = "train.init_on_cpu=true"  # the same initial weights under any TP layout
-    pipeline(one, "stages=[tokenize,train]", same_init)
+    pipeline(one, "stages=[tokenize,train]", same_init, *model)
     pipeline(
         two,
         "stages=[tokenize,train]",
         same_init,
         "cluster.executor=subprocess",
         "cluster.gpus_per_node=2",
+        *model,
         *layout,
     )
     assert close(curve(one), curve(two), rtol=2e-2), (curve(one), curve(two))
