@@ -32,18 +32,21 @@ def planner_view(model: str, global_batch: int) -> tuple[list, int, str]:
     """The planner's options for the model on this machine's GPU, fastest first by its
     estimate, the GPU's capacity in bytes, and what auto chooses (its explanation)."""
     from pipeline.config import compose
-    from pipeline.planning import auto
+    from pipeline.planning import auto, hardware, run_gpu
 
     overrides = [o for o in stage_overrides(model, 1, global_batch, 10) if "micro_batch" not in o]
     cfg = compose("/tmp/unused", *overrides, *AUTO, check=False)
     capacity, _, _ = auto.gpu_capacity(cfg)
     settled = auto.settle(cfg)
-    return auto.options(cfg, VOCAB), capacity, settled.train.auto_choice
+    hw = hardware.of(cfg, run_gpu.of(cfg).name)  # the GPU found here, as the launcher's estimate
+    return auto.options(cfg, VOCAB, hw), capacity, settled.train.auto_choice
 
 
 def measured(workdir: Path, model: str, micro: int | None, recompute: str, args) -> dict:
-    """The stage at this micro-batch and recompute (None, "auto": the planner's)."""
-    extra = [] if micro is None else [f"train.recompute={recompute}"]
+    """The stage at this micro-batch and recompute (None, "auto": the planner's); another
+    option on one GPU, without the margin the planner's auto keeps (so not its search)."""
+    one_gpu = ["parallel.tensor=1", "parallel.pipeline=1"]
+    extra = [] if micro is None else [f"train.recompute={recompute}", *one_gpu]
     run = StageRun(model, micro, args.global_batch, extra)
     return run_stage(workdir, run, args.steps, args.warmup, args.data)
 
