@@ -166,13 +166,13 @@ def open_sizes(cfg: PipelineConfig, open_: Constraints) -> list[tuple[int, int]]
 def options(
     cfg: PipelineConfig,
     vocab: int,
-    hw: Hardware | None = None,
+    hw: Hardware,
     open_: Constraints | None = None,
 ) -> list[Option]:
     """Every open combination with its estimates, fastest first, by the one layout search
-    (`hw`: the GPUs and fabric, which weigh compute against communication, the config's
-    cluster when None; `open_`: the run's constraints, when the caller has them)."""
-    hw = hw or hardware.of(cfg)
+    (`hw`: the run's GPUs and fabric, which weigh compute against communication: always
+    given, so that no estimate falls back to another GPU; `open_`: the run's constraints,
+    when the caller has them)."""
     open_ = open_ or constraints(cfg)[0]
     fixed = len(open_sizes(cfg, open_)) == 1
     open_ = replace(open_, micro_batches=lambda per_rank: micro_batches(cfg, per_rank, fixed))

@@ -14,7 +14,7 @@ from pipeline.config import ConfigError
 from pipeline.config.choices import Recompute
 from pipeline.config.derived import Settled, settled
 from pipeline.data.datasets import vocab_size
-from pipeline.planning import auto
+from pipeline.planning import auto, hardware, run_gpu
 from pipeline.planning.parallel_layout import ParallelLayout
 from pipeline.runtime.gpus import capacity_bytes
 from tests.conftest import make_config
@@ -27,7 +27,8 @@ ALL_AUTO = "parallel.tensor=auto, parallel.pipeline=auto, train.micro_batch_size
 def chosen_against_options(tmp_path, *overrides: str) -> tuple[auto.Option, list[auto.Option]]:
     cfg = make_config(tmp_path, *overrides)
     typed = make_config(tmp_path, *overrides, validate=False)
-    options = auto.options(typed, vocab_size(typed)[0])  # the vocabulary settle plans for
+    hw = hardware.of(typed, run_gpu.of(typed).name)  # the GPU settle plans for
+    options = auto.options(typed, vocab_size(typed)[0], hw)  # and its vocabulary
     picked = next(o for o in options if o.layout == ParallelLayout.of(cfg))
     return picked, options
 
