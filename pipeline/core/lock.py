@@ -96,6 +96,7 @@ def run_lock(root: Path) -> Iterator[None]:
                     "pid": os.getpid(),
                     "host": socket.gethostname(),
                     "since": time.strftime("%Y-%m-%d %H:%M:%S"),
+                    "started": time.time(),  # to the sub-second: what came after it
                     "command": " ".join(sys.argv),
                 }
             )

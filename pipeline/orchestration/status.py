@@ -96,7 +96,11 @@ def rerun_command(paths: RunPaths) -> str:
 
 
 def _since(live: dict) -> float | None:
-    """When the launcher took the run folder (the lock's local time), as time.time() counts."""
+    """When the launcher took the run folder, as time.time() counts: to the sub-second (a
+    report of the same second may come before or after), or from the local time a lock of
+    0.6 holds."""
+    if isinstance(live.get("started"), (int, float)):
+        return float(live["started"])
     try:
         return time.mktime(time.strptime(str(live.get("since")), "%Y-%m-%d %H:%M:%S"))
     except ValueError:
