@@ -27,7 +27,7 @@ from collections.abc import Callable
 from omegaconf import DictConfig
 
 from pipeline import config
-from pipeline.config import PipelineConfig
+from pipeline.config import PipelineConfig, renames
 from pipeline.config.compose import CONF, not_a_choice
 from pipeline.core import files, log
 from pipeline.core.errors import ConfigError, RunLocked, StageError, Terminated
@@ -65,7 +65,9 @@ def check_overrides(args: list[str]) -> list[str]:
     Returns the overrides Hydra is to compose: `args`, or, where they only make sense on top of
     the run folder's own (data.sources.web.weight=0.5 on a mixture run, whose sources exist
     only with the data=mixture and +data.sources.NAME=... its launch recorded), those first,
-    then `args`, as a rerun composes them anyway (history.to_compose); `given` leaves them out."""
+    then `args`, as a rerun composes them anyway (history.to_compose); `given` leaves them out.
+    A renamed key's old name is given its new one, with a warning (sweeps too)."""
+    args = renamed(args)
     if any(arg.startswith("-") for arg in args):
         return args
     args = [_source_setting(arg) for arg in args]
@@ -78,6 +80,12 @@ def check_overrides(args: list[str]) -> list[str]:
         return [*context, *args]
     fail(problem, EXIT_CONFIG)
     return args
+
+
+def renamed(args: list[str]) -> list[str]:
+    """The command line with each renamed key's new name (pipeline.config.renames), one
+    warning line for each old name."""
+    return renames.overrides(args, renames.warn_once)
 
 
 def _source_setting(arg: str) -> str:
@@ -156,11 +164,14 @@ def overrides_problem(message: str) -> str:
 
 
 def _nearest(key: str) -> str:
-    """'; did you mean train.steps?' for train.stepz, from the schema's keys."""
+    """'; did you mean train.steps?' for train.stepz, from the schema's keys (a renamed key's
+    old name suggests its new one)."""
     depth = key.count(".")
-    known = [k for k in _schema_keys(PipelineConfig, "") if k.count(".") == depth]
+    known = [
+        k for k in [*_schema_keys(PipelineConfig, ""), *renames.RENAMED] if k.count(".") == depth
+    ]
     near = difflib.get_close_matches(key, known, n=1)
-    return f"; did you mean {near[0]}?" if near else ""
+    return f"; did you mean {renames.RENAMED.get(near[0], near[0])}?" if near else ""
 
 
 def _schema_keys(schema: type, prefix: str) -> list[str]:

@@ -118,7 +118,7 @@ def main() -> None:
         options, rest = pop_options(sys.argv[1:])
     except ConfigError as e:
         cli.fail(str(e), cli.EXIT_CONFIG)
-    sys.argv[1:] = rest
+    sys.argv[1:] = rest = cli.renamed(rest)
     cli.check_overrides(rest)
 
     @hydra.main(config_path=cli.CONF, config_name="config", version_base=None)

@@ -51,6 +51,7 @@ def main() -> None:
     log.take_quiet(sys.argv)  # -q: warnings and errors only
     usage.answer_help("pipeline.step", sys.argv[1:])
     name = sys.argv.pop(1) if len(sys.argv) > 1 and "=" not in sys.argv[1] else ""
+    sys.argv[1:] = cli.renamed(sys.argv[1:])
     cli.check_overrides(sys.argv[1:])
 
     @hydra.main(config_path=cli.CONF, config_name="config", version_base=None)

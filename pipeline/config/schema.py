@@ -296,12 +296,6 @@ class TrainConfig:
         200, CONTINUE, "steps between checkpoints; 0: none", rule=NOT_NEGATIVE, common=True
     )
     keep_last: int = key(2, CONTINUE, "checkpoints kept besides the best one", rule=AT_LEAST_ONE)
-    max_failed_saves: int = key(
-        3,
-        NOT_SETTING,
-        "saves in a row that may fail for space, skipped, before the run stops",
-        rule=AT_LEAST_ONE,
-    )
     # training waits only for the copy to host memory, which holds one more copy of the shard
     async_save: bool = key(True, NOT_SETTING, "write checkpoints in the background", common=True)
     # the state is gathered and reshaped on the host at each save (a minute at 1.3B); false
@@ -312,8 +306,6 @@ class TrainConfig:
     threads: int | None = key(
         None, NOT_SETTING, "CPU threads per rank; none: torch's", rule=AT_LEAST_ONE
     )
-    exit_signal_lead_s: int = key(120, NOT_SETTING, "Slurm's warning before the time limit")
-    max_requeues: int = key(20, NOT_SETTING, "requeues at time limits", rule=NOT_NEGATIVE)
     nonfinite: c.NonFinite = key(c.NonFinite.skip, CONTINUE, "a NaN/inf step: skip or stop")
     # fp16's loss-scale overflows do not count
     max_skipped_in_a_row: int = key(
@@ -426,6 +418,13 @@ class ClusterConfig:
         1.0, "the checkpoint filesystem's write GB/s", rule=POSITIVE
     )
     rendezvous_timeout_s: float = command(300.0, "a rank's wait for every rank to start")
+
+
+@dataclass
+class ResilienceConfig:
+    """Fault tolerance (pipeline.resilience): hangs, stragglers, restarts in the allocation,
+    requeues, the Slurm warning before the time limit, saves that fail for space."""
+
     hang_timeout_s: float | None = command(
         None,
         "a training rank without progress this long ends the attempt; none: 10x the slowest "
@@ -443,11 +442,24 @@ class ClusterConfig:
         "times a training job restarts its ranks in its allocation after a fault, from the "
         "newest checkpoint; then it requeues itself without the nodes at fault",
         rule=NOT_NEGATIVE,
+        common=True,
     )
     spare_nodes: int = command(
         0,
         "nodes a training job holds beyond cluster.nodes, each to take a faulty node's place",
         rule=NOT_NEGATIVE,
+        common=True,
+    )
+    # Settings replayed from the run's history, as before they moved here from train.*
+    max_requeues: int = key(
+        20, NOT_SETTING, "requeues at time limits and after faults", rule=NOT_NEGATIVE, common=True
+    )
+    exit_signal_lead_s: int = key(120, NOT_SETTING, "Slurm's warning before the time limit")
+    max_failed_saves: int = key(
+        3,
+        NOT_SETTING,
+        "saves in a row that may fail for space, skipped, before the run stops",
+        rule=AT_LEAST_ONE,
     )
 
 
@@ -509,4 +521,5 @@ class PipelineConfig:
     eval: EvalConfig = field(default_factory=EvalConfig)
     export: ExportConfig = field(default_factory=ExportConfig)
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    resilience: ResilienceConfig = field(default_factory=ResilienceConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)

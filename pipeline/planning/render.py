@@ -72,7 +72,7 @@ def summary_lines(cfg: PipelineConfig, vocab_size: int) -> list[str]:
 
 
 def _watchdog_lines(cfg: PipelineConfig) -> list[str]:
-    line = watchdog.plan_line(cfg.cluster.hang_timeout_s, RunPaths.of(cfg.workdir))
+    line = watchdog.plan_line(cfg.resilience.hang_timeout_s, RunPaths.of(cfg.workdir))
     return [line] if line else []
 
 
