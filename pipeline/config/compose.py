@@ -38,9 +38,19 @@ def register() -> None:
     OmegaConf.register_new_resolver("sweep_point", sweep_point_folder, replace=True)
 
 
-def sweep_point_folder(overrides: str) -> str:
+def sweep_point_folder(overrides: str, sweep_dir: str = "") -> str:
     """A sweep point's folder name, from its overrides (Hydra's override_dirname): a point
-    swept again with the same overrides finds its folder, one with others gets its own."""
+    swept again with the same overrides finds its folder, one with others gets its own. A point
+    an earlier version made, named by the old name of a renamed key, keeps its folder."""
+    name = _point_name(overrides)
+    earlier = _point_name(renames.earlier_dirname(overrides))
+    folder = Path(sweep_dir) if sweep_dir else None
+    if folder and earlier != name and (folder / earlier).is_dir() and not (folder / name).exists():
+        return earlier
+    return name
+
+
+def _point_name(overrides: str) -> str:
     return "p" + hashlib.sha256(overrides.encode()).hexdigest()[:10]
 
 

@@ -7,6 +7,7 @@ still give it, one warning line naming the new key where a user gave it.
                                        the value under the new key
     in a run folder of an earlier version   its config.yaml (`mapping`) and the overrides its
                                        runs.jsonl recorded (`override`), renamed as read
+    a sweep point an earlier version made   found by its folder's name (`earlier_dirname`)
 
 Completion markers record only settings (Role.OUTPUT and CONTINUE keys); a renamed key is
 Role.NOT_SETTING (tests/unit/test_config_renames.py holds that), so no marker names one.
@@ -15,6 +16,7 @@ Role.NOT_SETTING (tests/unit/test_config_renames.py holds that), so no marker na
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -65,6 +67,19 @@ def override(arg: str, warn: Warn | None = None) -> str:
 
 def overrides(args: list[str], warn: Warn | None = None) -> list[str]:
     return [override(arg, warn) for arg in args]
+
+
+def earlier_dirname(dirname: str) -> str:
+    """Hydra's override_dirname (the sorted overrides, joined by commas) as an earlier version
+    made it for the same command line: each renamed key under its old name."""
+    old_of = {new: old for old, new in RENAMED.items()}
+    items = re.split(r",(?=[+~]*[A-Za-z_][\w./@-]*=)", dirname)
+    earlier = []
+    for item in items:
+        prefix = item[: len(item) - len(item.lstrip("+~"))]
+        name, sep, value = item[len(prefix) :].partition("=")
+        earlier.append(f"{prefix}{old_of.get(name, name)}{sep}{value}")
+    return ",".join(sorted(earlier))
 
 
 def mapping(data: dict[str, Any]) -> dict[str, Any]:

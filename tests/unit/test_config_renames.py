@@ -10,7 +10,7 @@ from omegaconf import OmegaConf
 
 from pipeline import config
 from pipeline.config import ClusterConfig, PipelineConfig, keys, renames
-from pipeline.config.compose import CONF
+from pipeline.config.compose import CONF, sweep_point_folder
 from pipeline.config.keys import Role
 from pipeline.config.renames import RENAMED
 from pipeline.core.paths import RunPaths
@@ -83,3 +83,25 @@ def test_the_overrides_a_run_of_an_earlier_version_recorded_are_replayed_with_th
     record = {"overrides": ["train.steps=20", "train.max_failed_saves=4"], "stages": ["train"]}
     paths.runs.write_text(json.dumps(record) + "\n")
     assert history.recorded(paths) == ["train.steps=20", "resilience.max_failed_saves=4"]
+
+
+def test_a_sweep_point_made_under_an_old_name_keeps_its_folder(tmp_path):
+    # Hydra's override_dirname: the overrides sorted, joined by commas
+    now = "resilience.max_failed_saves=2,train.lr=0.1,workdir=/runs/a"
+    before = "train.lr=0.1,train.max_failed_saves=2,workdir=/runs/a"
+    assert renames.earlier_dirname(now) == before
+    assert renames.earlier_dirname("data.inputs=[a,b],train.lr=1") == "data.inputs=[a,b],train.lr=1"
+    new, old = sweep_point_folder(now), sweep_point_folder(before)
+    assert new != old and sweep_point_folder(now, str(tmp_path)) == new
+    (tmp_path / old).mkdir()  # the point 0.6 made
+    assert sweep_point_folder(now, str(tmp_path)) == old
+    assert sweep_point_folder("train.lr=0.1", str(tmp_path)) == sweep_point_folder("train.lr=0.1")
+
+
+def test_a_sweep_renames_an_old_name_before_hydra_sees_it():
+    from pipeline import cli
+
+    assert cli.check_overrides(["-m", "train.max_requeues=1,2"]) == [
+        "-m",
+        "resilience.max_requeues=1,2",
+    ]
