@@ -28,7 +28,7 @@ from collections.abc import Callable
 from omegaconf import DictConfig
 
 from pipeline import config
-from pipeline.config import PipelineConfig, overrides
+from pipeline.config import PipelineConfig, overrides, renames
 from pipeline.config.compose import CONF, not_a_choice
 from pipeline.core import files, interrupts, log
 from pipeline.core.errors import ConfigError, RunLocked, StageError, Terminated
@@ -68,8 +68,10 @@ def check_overrides(args: list[str]) -> list[str]:
     only with the data=mixture and +data.sources.NAME=... its launch recorded), those first,
     then `args`, as a rerun composes them anyway (history.to_compose); `given` leaves them out.
 
-    Every override, sweep or not, is first made one Hydra can read (pipeline.config.overrides);
+    A renamed key's old name is given its new one, with a warning (sweeps too). Every
+    override, sweep or not, is then made one Hydra can read (pipeline.config.overrides);
     every point of a sweep (-m) is composed and checked before the first point runs."""
+    args = renamed(args)
     at = overrides.positions(args)
     options = [arg for i, arg in enumerate(args) if i not in at]
     try:  # Hydra's options first: it reads the overrides as one run of arguments
@@ -109,6 +111,12 @@ def check_sweep_points(args: list[str]) -> None:
         if problem:
             varied = " ".join(o for o in point if o not in args)
             fail(f"{problem} (sweep point {varied}; no point has run)", EXIT_CONFIG)
+
+
+def renamed(args: list[str]) -> list[str]:
+    """The command line with each renamed key's new name (pipeline.config.renames), one
+    warning line for each old name."""
+    return renames.overrides(args, renames.warn_once)
 
 
 def _composition_problem(args: list[str]) -> str | None:
@@ -184,11 +192,14 @@ def overrides_problem(message: str) -> str:
 
 
 def _nearest(key: str) -> str:
-    """'; did you mean train.steps?' for train.stepz, from the schema's keys."""
+    """'; did you mean train.steps?' for train.stepz, from the schema's keys (a renamed key's
+    old name suggests its new one)."""
     depth = key.count(".")
-    known = [k for k in _schema_keys(PipelineConfig, "") if k.count(".") == depth]
+    known = [
+        k for k in [*_schema_keys(PipelineConfig, ""), *renames.RENAMED] if k.count(".") == depth
+    ]
     near = difflib.get_close_matches(key, known, n=1)
-    return f"; did you mean {near[0]}?" if near else ""
+    return f"; did you mean {renames.RENAMED.get(near[0], near[0])}?" if near else ""
 
 
 def _schema_keys(schema: type, prefix: str) -> list[str]:

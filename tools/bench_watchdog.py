@@ -1,6 +1,6 @@
 """What the hang watchdog costs a training that never hangs: the same run on CPU gloo ranks
 (cluster.executor=subprocess), with progress reporting and the watchdog on (the default) and
-off (cluster.hang_timeout_s=0), in alternating rounds; tokens/s from each run's DONE.json
+off (resilience.hang_timeout_s=0), in alternating rounds; tokens/s from each run's DONE.json
 (time in training steps only).
 
     python tools/bench_watchdog.py --workdir /tmp/bench_watchdog --rounds 5 --steps 300 \
@@ -41,7 +41,7 @@ MODEL = [
     "train.global_batch_size=16",
     "train.threads=1",
 ]
-SETTINGS = {"off": ["cluster.hang_timeout_s=0"], "on": []}
+SETTINGS = {"off": ["resilience.hang_timeout_s=0"], "on": []}
 
 
 def pipeline(*args: str, root: Path = ROOT) -> None:

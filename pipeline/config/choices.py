@@ -4,6 +4,10 @@ from __future__ import annotations
 
 from pipeline.config.keys import Choice
 
+# the value that leaves a key to the planner: train.micro_batch_size, parallel.tensor and
+# parallel.pipeline (train.recompute has its own member, Recompute.auto)
+AUTO = "auto"
+
 
 class DataFormat(Choice):
     auto = "auto"  # JSONL records or Parquet/Arrow rows, told apart by content

@@ -20,7 +20,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from pipeline.config import checks, derived
+from pipeline.config import checks, derived, renames
 from pipeline.config.schema import PipelineConfig, SourceConfig
 from pipeline.config.split_weights import Split
 from pipeline.core.errors import ConfigError
@@ -33,13 +33,24 @@ def register() -> None:
     resolver that names a sweep point's folder."""
     from hydra.core.config_store import ConfigStore
 
-    ConfigStore.instance().store(name="base_config", node=PipelineConfig)
+    # with the renamed keys' old names, which a user's YAML may still set (renames.moved)
+    ConfigStore.instance().store(name="base_config", node=renames.accepting(PipelineConfig))
     OmegaConf.register_new_resolver("sweep_point", sweep_point_folder, replace=True)
 
 
-def sweep_point_folder(overrides: str) -> str:
+def sweep_point_folder(overrides: str, sweep_dir: str = "") -> str:
     """A sweep point's folder name, from its overrides (Hydra's override_dirname): a point
-    swept again with the same overrides finds its folder, one with others gets its own."""
+    swept again with the same overrides finds its folder, one with others gets its own. A point
+    an earlier version made, named by the old name of a renamed key, keeps its folder."""
+    name = _point_name(overrides)
+    earlier = _point_name(renames.earlier_dirname(overrides))
+    folder = Path(sweep_dir) if sweep_dir else None
+    if folder and earlier != name and (folder / earlier).is_dir() and not (folder / name).exists():
+        return earlier
+    return name
+
+
+def _point_name(overrides: str) -> str:
     return "p" + hashlib.sha256(overrides.encode()).hexdigest()[:10]
 
 
@@ -54,11 +65,13 @@ def recompose(overrides: list[str]) -> DictConfig:
 def typed(composed: DictConfig) -> PipelineConfig:
     """The composed config as a PipelineConfig, interpolations resolved, data.sources as
     SourceConfig; not checked. A value left ??? is a ConfigError (OmegaConf would fill a
-    list's default in silently)."""
+    list's default in silently). A renamed key a YAML file set under its old name is moved to
+    its new one, with a warning."""
+    _refuse_unknown_keys(composed, PipelineConfig, "")
+    composed = renames.moved(composed, PipelineConfig, renames.warn_once)
     missing = sorted(OmegaConf.missing_keys(composed))
     if missing:
         raise ConfigError(f"{missing[0]}: needs a value (it is ??? in the config)")
-    _refuse_unknown_keys(composed, PipelineConfig, "")
     cfg = OmegaConf.to_object(composed)
     cfg.data.split = Split.of(cfg.data.split)  # parsed once, here
     cfg.data.sources = {name: source(name, value) for name, value in cfg.data.sources.items()}
@@ -68,13 +81,22 @@ def typed(composed: DictConfig) -> PipelineConfig:
 def _refuse_unknown_keys(node: DictConfig, schema: type, prefix: str) -> None:
     """A key the schema does not have (`+train.stepz=20`, a typo Hydra lets through when
     asked to add it) is a ConfigError naming it and the nearest real key, never a new
-    setting that nothing reads."""
+    setting that nothing reads. A renamed key's old name is let through (renames.moved), and
+    suggests its new name."""
     hints = typing.get_type_hints(schema)
+    # the old names of keys of this section: key -> its new dotted name
+    old = {
+        k.removeprefix(prefix): new
+        for k, new in renames.RENAMED.items()
+        if k.startswith(prefix) and "." not in k.removeprefix(prefix)
+    }
     for key in node:
         name = f"{prefix}{key}"
+        if name in renames.RENAMED:
+            continue
         if key not in hints:
-            near = difflib.get_close_matches(str(key), list(hints), n=1)
-            hint = f"; did you mean {prefix}{near[0]}?" if near else ""
+            near = difflib.get_close_matches(str(key), [*hints, *old], n=1)
+            hint = f"; did you mean {old.get(near[0], prefix + near[0])}?" if near else ""
             raise ConfigError(f"{name}: not a setting of this pipeline{hint}")
         child = node._get_node(key)
         if dataclasses.is_dataclass(hints[key]) and isinstance(child, DictConfig):
@@ -170,5 +192,6 @@ def to_yaml(cfg: PipelineConfig) -> str:
 
 def read(path: str | Path) -> PipelineConfig:
     """A config saved with `to_yaml` (a run's config.yaml), checked against the schema."""
-    saved = OmegaConf.merge(OmegaConf.structured(PipelineConfig), OmegaConf.load(path))
+    loaded = renames.mapping(OmegaConf.to_container(OmegaConf.load(path)))  # of an earlier version
+    saved = OmegaConf.merge(OmegaConf.structured(PipelineConfig), loaded)
     return typed(saved)

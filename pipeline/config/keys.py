@@ -1,4 +1,4 @@
-"""What each config key is, stated once on its schema field (pipeline.config.schema) and
+"""What each config key is, stated once on its schema field (pipeline.config.sections) and
 read from there by whatever needs it: the checks (choices, rules, values that go into job
 scripts), provenance (which keys an output is made from, which ones let a training go on),
 the run's history (what is a command's own and what a setting) and `--help`.
@@ -34,6 +34,9 @@ class Role(enum.Enum):
     CONTINUE = "continue"
     # How, where or how fast, never what: changed, every output stays valid
     NOT_SETTING = "not a setting"
+
+
+OUTPUT, CONTINUE, NOT_SETTING = Role.OUTPUT, Role.CONTINUE, Role.NOT_SETTING
 
 
 class Choice(str, enum.Enum):

@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from pipeline.config import PipelineConfig, keys
+from pipeline.config import PipelineConfig, keys, renames
 from pipeline.config.schema import DATA_SECTIONS
 from pipeline.core import files
 from pipeline.core.paths import RunPaths
@@ -46,11 +46,12 @@ def settings_overrides(overrides: list[str]) -> list[str]:
 
 
 def recorded(paths: RunPaths) -> list[str]:
-    """The overrides the run's outputs are made with: those of its last launch record."""
+    """The overrides the run's outputs are made with: those of its last launch record, a key
+    renamed since then under its new name."""
     if not paths.runs.exists():
         return []
     last = paths.runs.read_text().splitlines()[-1]
-    return list(json.loads(last)["overrides"])
+    return renames.overrides(list(json.loads(last)["overrides"]))
 
 
 def data_overrides(prepared: str | Path | None) -> list[str]:

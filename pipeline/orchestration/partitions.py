@@ -76,8 +76,8 @@ def check_fits(cfg: PipelineConfig, steps: list[Step], nodes: dict | None = None
             if partition == cfg.cluster.cpu_partition and partition != cfg.cluster.partition:
                 key = "cluster.cpu_partition"
             raise ConfigError(f"{key}: Slurm has no partition {partition} (sinfo lists {listed})")
-        spares = step.placement is Placement.TRAINING_RANKS and cfg.cluster.spare_nodes
-        nodes_key = "cluster.spare_nodes" if spares else "cluster.nodes"
+        spares = step.placement is Placement.TRAINING_RANKS and cfg.resilience.spare_nodes
+        nodes_key = "resilience.spare_nodes" if spares else "cluster.nodes"
         _check_step(step.name, params, members, where, nodes_key)
 
 

@@ -232,7 +232,7 @@ def _check_time_limit(cfg: PipelineConfig, plan: Plan) -> None:
     time to train before the signal."""
     if cfg.cluster.executor != "slurm":
         return
-    t, c = cfg.train, cfg.cluster
+    t, c, lead_s = cfg.train, cfg.cluster, cfg.resilience.exit_signal_lead_s
     # written once and hashed once by its writer; in the background, a save already in flight
     # when the signal comes is finished first
     writes = 3 if t.async_save else 2
@@ -240,18 +240,18 @@ def _check_time_limit(cfg: PipelineConfig, plan: Plan) -> None:
     save_s = writes * saved / (c.checkpoint_write_gbps * 1e9)
     step_s = plan.step["step_s"] if trains_on_gpu(cfg) and plan.gpu is not None else 0.0
     need = save_s + step_s + SAVE_MARGIN_S
-    if t.exit_signal_lead_s < need:
+    if lead_s < need:
         raise ConfigError(
-            f"train.exit_signal_lead_s: {t.exit_signal_lead_s} s may not be enough to finish a "
-            f"step (~{step_s:.0f} s) and save {gib(saved)} "
+            f"resilience.exit_signal_lead_s: {lead_s} s may not be enough to finish a step "
+            f"(~{step_s:.0f} s) and save {gib(saved)} "
             f"(~{save_s:.0f} s at cluster.checkpoint_write_gbps={c.checkpoint_write_gbps:g}); "
             f"set at least {math.ceil(need)}"
         )
     limit_s = slurm_minutes(c.time_limit, "cluster.time_limit") * 60
-    if limit_s <= t.exit_signal_lead_s + need:
+    if limit_s <= lead_s + need:
         raise ConfigError(
             f"cluster.time_limit: {c.time_limit} leaves no time to train before the save "
-            f"signal {t.exit_signal_lead_s} s before the end; make it longer"
+            f"signal {lead_s} s before the end; make it longer"
         )
 
 

@@ -73,7 +73,7 @@ def summary_lines(cfg: PipelineConfig, plan: Plan) -> list[str]:
 
 
 def _watchdog_lines(cfg: PipelineConfig) -> list[str]:
-    line = watchdog.plan_line(cfg.cluster.hang_timeout_s, RunPaths.of(cfg.workdir))
+    line = watchdog.plan_line(cfg.resilience.hang_timeout_s, RunPaths.of(cfg.workdir))
     return [line] if line else []
 
 

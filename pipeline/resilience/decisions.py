@@ -4,10 +4,10 @@ train/failures.jsonl, the job's supervisor restarts the ranks or the job is requ
 A job the pipeline submitted has a supervisor (pipeline.resilience.supervisor), which restarts
 the ranks inside the allocation: a node is set aside once it is implicated in a hang or a loss,
 or in two crashes (one may be the software's); a spare node takes its place. With no spare
-left or cluster.max_restarts spent in this allocation, the job puts itself back in the queue
-without the nodes set aside, up to train.max_requeues times. Ranks started by a hand-written
+left or resilience.max_restarts spent in this allocation, the job puts itself back in the queue
+without the nodes set aside, up to resilience.max_requeues times. Ranks started by a hand-written
 sbatch script have none: their node's watchdog requeues the job without the nodes at fault,
-up to cluster.max_restarts times (each requeue restarts the ranks).
+up to resilience.max_restarts times (each requeue restarts the ranks).
 
 Either way, a fault of the same kind at the same step as the one before it means the restart
 made no progress: the run stops there, in one line, instead of looping. An out-of-memory, or a
@@ -29,8 +29,8 @@ NOT_RETRIED = (FaultKind.OUT_OF_MEMORY, FaultKind.STOPPED)
 
 @dataclass(frozen=True)
 class Limits:
-    max_restarts: int  # cluster.max_restarts
-    max_requeues: int  # train.max_requeues
+    max_restarts: int  # resilience.max_restarts
+    max_requeues: int  # resilience.max_requeues
 
 
 @dataclass(frozen=True)
@@ -94,12 +94,16 @@ def _restart_or_requeue(
     if restarts < limits.max_restarts and len(usable) >= where.needed:
         return Decision(Action.RESTARTED, f"restarted in the allocation{without}", aside)
     if where.requeues >= limits.max_requeues:
-        said = f"stopped: {where.requeues} requeues reached train.max_requeues"
+        said = f"stopped: {where.requeues} requeues reached resilience.max_requeues"
         return Decision(Action.STOPPED, said)
     if where.partition is not None and len(where.partition - excluded) < where.needed:
         said = f"stopped: the partition has fewer than {where.needed} nodes without those at fault"
         return Decision(Action.STOPPED, said)
-    why = "no spare node left" if restarts < limits.max_restarts else "cluster.max_restarts reached"
+    why = (
+        "no spare node left"
+        if restarts < limits.max_restarts
+        else "resilience.max_restarts reached"
+    )
     return Decision(Action.REQUEUED, f"requeued{without} ({why})", aside)
 
 
@@ -110,7 +114,7 @@ def _requeue_unsupervised(
     in this job so far; only this fault's, when the partition would keep too few for that."""
     restarts = [r for r in before if r.decision is Action.REQUEUED]
     if len(restarts) >= limits.max_restarts:
-        said = f"stopped: {len(restarts)} restarts reached cluster.max_restarts"
+        said = f"stopped: {len(restarts)} restarts reached resilience.max_restarts"
         return Decision(Action.STOPPED, said)
     for excluded in ({n for r in restarts for n in r.nodes} | set(record.nodes), set(record.nodes)):
         if where.partition is None or len(where.partition - excluded) >= where.needed:

@@ -42,8 +42,8 @@ class GuardSettings:
 
     @classmethod
     def of(cls, cfg: PipelineConfig) -> GuardSettings:
-        c = cfg.cluster
-        return cls(str(cfg.workdir), c.hang_timeout_s, c.max_restarts, cfg.train.max_requeues)
+        r = cfg.resilience
+        return cls(str(cfg.workdir), r.hang_timeout_s, r.max_restarts, r.max_requeues)
 
 
 def training_rank(settings: GuardSettings, step: Callable[[], Any], requeues: str | None) -> Any:
@@ -62,7 +62,7 @@ def training_rank(settings: GuardSettings, step: Callable[[], Any], requeues: st
 
 def watched(settings: GuardSettings) -> None:
     """This training rank reports its progress; the node's first rank starts the node's hang
-    watchdog, a process of its own. cluster.hang_timeout_s=0: off."""
+    watchdog, a process of its own. resilience.hang_timeout_s=0: off."""
     paths = RunPaths.of(settings.workdir)
     for name, value in NCCL_DEFAULTS.items():
         os.environ.setdefault(name, value)
@@ -105,11 +105,11 @@ def record_death(settings: GuardSettings, error: Exception) -> None:
 
 def requeue(job: str, max_requeues: int) -> None:
     """The step saved and stopped before its time limit: put the job back in the queue, up to
-    train.max_requeues times. Slurm restarts it under the same job id. Never after SIGTERM: a
+    resilience.max_requeues times. Slurm restarts it under the same job id. Never after SIGTERM: a
     cancelled job must stay cancelled."""
     restarts = int(os.environ.get("SLURM_RESTART_COUNT", 0))
     if restarts >= max_requeues:
-        raise RuntimeError(f"not requeued: {restarts} requeues reached train.max_requeues")
+        raise RuntimeError(f"not requeued: {restarts} requeues reached resilience.max_requeues")
     if not scheduler.requeue(job):
         raise RuntimeError(f"not requeued: scontrol requeue {job} failed")
     _log.warning(f"requeued job {job} (restart {restarts + 1})")

@@ -1,8 +1,8 @@
 """A training job's first process under Slurm. It starts the ranks with srun on cluster.nodes
-of the job's nodes (cluster.spare_nodes more are held in reserve) and, when an attempt fails,
+of the job's nodes (resilience.spare_nodes more are held in reserve) and, when an attempt fails,
 tells what failed (pipeline.resilience.faults), records it in train/failures.jsonl and acts on
 it without giving the allocation back (pipeline.resilience.decisions): up to
-cluster.max_restarts times it starts the ranks again, from the newest complete checkpoint, a
+resilience.max_restarts times it starts the ranks again, from the newest complete checkpoint, a
 node at fault swapped for a spare. With no spare left or the restarts spent, the job requeues
 itself without the nodes at fault.
 

@@ -6,7 +6,7 @@ has every rank of the node write its Python stack to its log, hands the fault to
 supervisor (or records and acts on it itself, pipeline.resilience.decisions), and ends the
 attempt (SIGKILL to the node's ranks).
 
-The limit: cluster.hang_timeout_s when set; unset, ten times the slowest step measured in
+The limit: resilience.hang_timeout_s when set; unset, ten times the slowest step measured in
 this attempt, at least a minute, and STARTUP_BOUND_S until a step has been measured. A save
 gets at least ten times the slowest save the run has measured (this attempt's, or one in
 train/metrics.jsonl), and STARTUP_BOUND_S until one is. Start-up, loading, validation and
@@ -51,7 +51,7 @@ class WatchdogSettings:
     node: str
     parent_pid: int  # the node's first rank: the watchdog ends with it
     attempt: int
-    timeout_s: float | None  # cluster.hang_timeout_s; None: derived from the steps
+    timeout_s: float | None  # resilience.hang_timeout_s; None: derived from the steps
     supervised: bool  # the job's supervisor decides what to do about a hang; else this process
     max_restarts: int
     max_requeues: int
@@ -86,7 +86,7 @@ def plan_line(timeout_s: float | None, paths: RunPaths) -> str | None:
     if timeout_s == 0:
         return None
     steps = (
-        f"{timeout_s:g} s (cluster.hang_timeout_s)"
+        f"{timeout_s:g} s (resilience.hang_timeout_s)"
         if timeout_s is not None
         else f"{DERIVED_STEPS}x the slowest step, at least {DERIVED_MIN_S:.0f} s"
     )
@@ -208,7 +208,7 @@ def act(
     culprits = first_stopped(everyone or local, node)
     waiting = [r for r in everyone if r not in culprits]
     limit = max(limit_s(r, timeout_s, saves_s) for r in culprits)
-    setting = f"cluster.hang_timeout_s={timeout_s:g}" if timeout_s is not None else "derived"
+    setting = f"resilience.hang_timeout_s={timeout_s:g}" if timeout_s is not None else "derived"
     slowest_save = max([saves_s, *(r.save_s for r in culprits)])
     if culprits[0].phase == "save" and slowest_save > 0 and limit == SAVES * slowest_save:
         setting = f"{SAVES}x the slowest save, {slowest_save:.1f} s"

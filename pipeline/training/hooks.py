@@ -137,7 +137,7 @@ def step_hooks(
         [
             ProfilerHook(StepProfiler(list(cfg.train.profile_steps), profile, logs)),
             ProgressHook(),
-            StragglerHook(StragglerWatch(cfg.cluster.straggler_threshold, device)),
+            StragglerHook(StragglerWatch(cfg.resilience.straggler_threshold, device)),
             CheckpointHook(complete_checkpoint),
             SignalHook(stop, device),
         ]

@@ -8,7 +8,7 @@ signal. A kill while one is in flight leaves its `.partial` folder, which is nev
 run resumes from the checkpoint before it.
 
 A save that runs out of space on every rank is skipped with a warning and training goes on:
-the next interval tries again, and train.max_failed_saves in a row stop the run. The last save
+the next interval tries again, and resilience.max_failed_saves in a row stop the run. The last save
 of the run, or of a stop, is never skipped: nothing would come after it.
 """
 
@@ -172,11 +172,11 @@ class CheckpointSaver:
         self.failed_in_a_row += 1
         n, most = self.failed_in_a_row, self.max_failed
         if last or n >= most:
-            why = "the run's last save" if last else f"train.max_failed_saves={most} in a row"
+            why = "the run's last save" if last else f"resilience.max_failed_saves={most} in a row"
             raise OutOfSpace(f"{error} ({why})")
         log.get().warning(
             f"warning: {error.what}; the save of step {step} is skipped, training goes on and the "
-            f"next save tries again ({n} in a row, train.max_failed_saves={most})"
+            f"next save tries again ({n} in a row, resilience.max_failed_saves={most})"
         )
 
     def _succeeded(self, record: dict | None) -> dict | None:

@@ -1,7 +1,7 @@
 """Stragglers: each rank's step time split into its own work and its waiting for the others
 (the time inside torch.distributed's collectives, timed where they are called), gathered at
 every log interval. A rank whose own work exceeds the median rank's by more than
-cluster.straggler_threshold for STRAGGLING_INTERVALS intervals in a row is named, with its
+resilience.straggler_threshold for STRAGGLING_INTERVALS intervals in a row is named, with its
 node: it sets every step's pace while the others wait for it.
 
 Collectives block on gloo (CPU ranks), so there the split is exact; on GPUs NCCL's return at
@@ -106,7 +106,7 @@ class StragglerWatch:
             _log.info(
                 f"straggler: rank {s['rank']} on {s['node']}, its own work {s['ratio']:.2f}x the "
                 f"median rank's for {STRAGGLING_INTERVALS} log intervals in a row up to step "
-                f"{step} (cluster.straggler_threshold={self.threshold:g})"
+                f"{step} (resilience.straggler_threshold={self.threshold:g})"
             )
         split = {"work_s": work, "wait_s": [float(t[1]) for t in every]}
         return {**split, "stragglers": named} if named else split

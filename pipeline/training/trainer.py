@@ -94,7 +94,11 @@ class Trainer(Engine):
         self.metrics = MetricsLog(self.paths, self.is_logger, cfg)
         t = cfg.train
         self.saver = CheckpointSaver(
-            self.paths.checkpoints, self.backend, t.keep_last, t.async_save, t.max_failed_saves
+            self.paths.checkpoints,
+            self.backend,
+            t.keep_last,
+            t.async_save,
+            cfg.resilience.max_failed_saves,
         )
         self.throughput = self._throughput()
         self.state = RunState()

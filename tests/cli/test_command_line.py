@@ -41,6 +41,63 @@ def test_command_line_rejects_an_unknown_key_naming_the_nearest(sign, tmp_path):
     )
 
 
+def _train_script(stdout: str) -> str:
+    """The train job's sbatch script from a dry run's output."""
+    return stdout.split("# ---- train ----")[1].split("# ---- ")[0]
+
+
+def _renamed(old: str) -> str:
+    new = "resilience." + old.split(".")[1]
+    return f"warning: {old} is now {new}; the old name still works, give the new one\n"
+
+
+def test_a_renamed_key_still_works_under_its_old_name_with_one_warning(tmp_path):
+    old = ["train.exit_signal_lead_s=300", "cluster.spare_nodes=1"]
+    result = cli(f"workdir={tmp_path}", "cluster=slurm", "dry_run=true", *old, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stderr.startswith(
+        _renamed("train.exit_signal_lead_s") + _renamed("cluster.spare_nodes")
+    )
+    assert result.stderr.count("warning: ") == 2
+    script = _train_script(result.stdout)  # 1 node and its spare, signalled 300 s before
+    assert "#SBATCH --nodes=2\n" in script and "#SBATCH --signal=USR2@300\n" in script
+
+
+def test_a_site_config_file_with_an_old_key_name_still_works_with_one_warning(tmp_path):
+    site = tmp_path / "site" / "cluster"
+    site.mkdir(parents=True)
+    (site / "mine.yaml").write_text(
+        "defaults:\n  - slurm\n  - _self_\nspare_nodes: 1\nhang_timeout_s: 30\n"
+    )
+    result = module(
+        "pipeline",
+        f"--config-dir={tmp_path / 'site'}",
+        "cluster=mine",
+        "dry_run=true",
+        f"workdir={tmp_path / 'run'}",
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stderr.count(_renamed("cluster.spare_nodes")) == 1
+    assert result.stderr.count(_renamed("cluster.hang_timeout_s")) == 1
+    assert "[plan] hang watchdog: " in result.stderr and "30 s (resilience.hang_timeout_s)" in (
+        result.stderr
+    )
+    assert "#SBATCH --nodes=2\n" in _train_script(result.stdout)
+
+
+@pytest.mark.parametrize(
+    "override",
+    ["cluster.hang_timeout=5", "resilience.hang_timout_s=5", "+resilience.hang_timout_s=5"],
+)
+def test_an_unknown_key_near_a_renamed_one_names_the_new_key(override, tmp_path):
+    result = cli(f"workdir={tmp_path}", override, timeout=120)
+    assert result.returncode == 2
+    key = override.lstrip("+").split("=")[0]
+    assert result.stderr == (
+        f"error: {key}: not a setting of this pipeline; did you mean resilience.hang_timeout_s?\n"
+    )
+
+
 def test_a_cpu_model_larger_than_this_machine_is_refused_with_its_size(tmp_path):
     big = ["model.hidden_size=65536", "model.ffn_hidden_size=262144", "model.num_layers=64"]
     result = cli(f"workdir={tmp_path / 'run'}", *big, timeout=120)
@@ -155,6 +212,8 @@ def test_every_entry_point_has_its_own_help(entry, tmp_path):
         in result.stdout
     )
     assert "Examples:\n  python -m " + entry in result.stdout
+    assert "\n  resilience.spare_nodes       nodes a training job holds beyond" in result.stdout
+    assert "cluster.spare_nodes" not in result.stdout
 
 
 def test_pipeline_debug_shows_the_traceback_behind_the_line(tmp_path):

@@ -34,7 +34,7 @@ def test_the_limit_follows_the_measured_step_with_a_bound_for_slow_phases():
 
 
 def test_a_save_is_bounded_by_what_saves_took_once_one_is_measured():
-    # frozen in a save: found within cluster.hang_timeout_s, unless saves take longer
+    # frozen in a save: found within resilience.hang_timeout_s, unless saves take longer
     assert limit_s(_report(0, 5, "save", 0, step_s=2.0, save_s=0.5), 20) == 20
     assert limit_s(_report(0, 5, "save", 0, step_s=2.0, save_s=30.0), 20) == 300  # ten saves
     # one of an earlier attempt, from train/metrics.jsonl
@@ -58,7 +58,7 @@ def test_a_rank_frozen_mid_training_is_named_with_every_stack_within_the_timeout
         f"workdir={workdir}",
         *TRAIN,
         "train.steps=100000",
-        f"cluster.hang_timeout_s={HANG_TIMEOUT_S}",
+        f"resilience.hang_timeout_s={HANG_TIMEOUT_S}",
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         text=True,
@@ -83,7 +83,7 @@ def test_a_rank_frozen_mid_training_is_named_with_every_stack_within_the_timeout
     assert proc.returncode == 1
     assert took < HANG_TIMEOUT_S + 30, f"detected {took:.0f} s after the rank froze"
     last = stderr.strip().splitlines()[-1]
-    assert "hang: no progress for 10 s (cluster.hang_timeout_s=10): rank 1 on " in last, last
+    assert "hang: no progress for 10 s (resilience.hang_timeout_s=10): rank 1 on " in last, last
     assert "(process stopped)" in last and "1 other rank(s) waiting" in last, last
     assert "Traceback" not in stderr
     logs = sorted((workdir / "logs" / "jobs" / "train").glob("*/*_log.err"))

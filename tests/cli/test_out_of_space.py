@@ -61,7 +61,7 @@ def fill_the_disk_after_the_first_checkpoint(
 def test_disk_full_during_a_checkpoint_save_keeps_the_earlier_ones(tokenized, tmp_path):
     workdir = copy_tokenized(tokenized, tmp_path / "run")
     data_before = snapshot(workdir / "data")
-    # three saves in a row fail (train.max_failed_saves=3): 20, 30 and 40
+    # three saves in a row fail (resilience.max_failed_saves=3): 20, 30 and 40
     command = [f"workdir={workdir}", *SMALL_SERIAL, "stages=[train]", "train.steps=50"]
     root = RunPaths.of(workdir).checkpoints
     with open(tmp_path / "stderr", "w+") as stderr:
@@ -87,8 +87,8 @@ def test_a_save_onto_a_full_disk_is_skipped_and_the_next_succeeds_once_there_is_
     tokenized, tmp_path
 ):
     workdir = copy_tokenized(tokenized, tmp_path / "run")
-    # lifted before train.max_failed_saves=5 saves in a row fail (40 to 120), then 140 to 160
-    steps = ["train.steps=160", "train.save_interval=20", "train.max_failed_saves=5"]
+    # lifted before resilience.max_failed_saves=5 saves in a row fail (40 to 120), then 140 to 160
+    steps = ["train.steps=160", "train.save_interval=20", "resilience.max_failed_saves=5"]
     command = [f"workdir={workdir}", *SMALL_SERIAL, "stages=[train]", *steps]
     root = RunPaths.of(workdir).checkpoints
     with open(tmp_path / "stderr", "w+") as stderr:

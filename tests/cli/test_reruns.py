@@ -149,6 +149,42 @@ def test_status_says_what_each_step_was_made_from_and_why_one_failed(run, tmp_pa
     assert "FAILED" in row and "no valid checkpoint" in row
 
 
+def as_written_by_0_6(run: Path) -> None:
+    """The run folder's config.yaml and runs.jsonl with the fault-tolerance keys under the
+    names 0.6 gave them (cluster.*, train.*), and a setting of one given on its command line."""
+    from omegaconf import OmegaConf
+
+    from pipeline.config.renames import RENAMED
+
+    saved = OmegaConf.to_container(OmegaConf.load(run / "config.yaml"))
+    moved = saved.pop("resilience")
+    for old, new in RENAMED.items():
+        section, leaf = old.split(".")
+        saved[section][leaf] = moved[new.split(".")[1]]
+    saved["train"]["max_failed_saves"] = 4
+    (run / "config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.create(saved)))
+    lines = (run / "runs.jsonl").read_text().splitlines()
+    last = json.loads(lines[-1])
+    last["overrides"].append("train.max_failed_saves=4")
+    (run / "runs.jsonl").write_text("\n".join([*lines[:-1], json.dumps(last)]) + "\n")
+
+
+def test_a_run_folder_of_0_6_with_the_old_key_names_reruns_as_complete(run):
+    as_written_by_0_6(run)
+    assert status(f"workdir={run}").stdout.count(" COMPLETE ") == 6
+    result = cli(f"workdir={run}")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "already complete: tokenizer, tokenize, verify, index, train, evaluate\n" in (
+        result.stderr
+    )
+    assert "warning: " not in result.stderr  # the user gave no old name
+    # the value recorded under the old name is kept, under the new one
+    assert json.loads((run / "runs.jsonl").read_text().splitlines()[-1])["overrides"][-1] == (
+        "resilience.max_failed_saves=4"
+    )
+    assert "  max_failed_saves: 4\n" in (run / "config.yaml").read_text().split("resilience:")[1]
+
+
 def test_status_names_the_step_a_live_launcher_runs_and_its_pid(run):
     """While a launcher holds the run folder (here one that holds its lock as a launch does),
     the first step it has not completed is RUNNING with its pid, not 'run make pretrain',

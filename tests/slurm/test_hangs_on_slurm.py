@@ -1,6 +1,6 @@
 """A hung rank on a real 3-node Slurm cluster: a rank of a 2-node training job with a spare
 node, frozen with SIGSTOP mid-training, is found by its node's watchdog within
-cluster.hang_timeout_s + 30 s, every rank's stack is in the job's log, and the ranks restart
+resilience.hang_timeout_s + 30 s, every rank's stack is in the job's log, and the ranks restart
 in the same allocation with the spare in the frozen node's place; the run resumes from its
 newest checkpoint and ends with the loss curve of a run that never hung."""
 
@@ -19,7 +19,7 @@ from tests.slurm.test_pipeline_on_slurm import pipeline, wait_for
 
 HANG_TIMEOUT_S = 10
 TWO_NODES = ["cluster=slurm", "cluster.nodes=2", "cluster.tasks_per_node=1"]
-SPARE = ["cluster.spare_nodes=1"]
+SPARE = ["resilience.spare_nodes=1"]
 STEPS = ["train.steps=60", "train.save_interval=10", "train.log_interval=1"]
 
 
@@ -36,7 +36,7 @@ def test_a_frozen_rank_is_named_and_the_ranks_restart_on_the_spare_node(
         *SPARE,
         *STEPS,
         "cluster.cpus_per_task=1",
-        f"cluster.hang_timeout_s={HANG_TIMEOUT_S}",
+        f"resilience.hang_timeout_s={HANG_TIMEOUT_S}",
     )
 
     def rank_1_past_a_checkpoint() -> progress.Progress | None:

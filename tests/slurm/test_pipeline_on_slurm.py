@@ -126,11 +126,11 @@ def test_training_requeues_itself_across_time_limits_and_finishes(slurm_cluster,
         "data.builtin_corpus_bytes=600000",
         "data.num_shards=2",
         "cluster.time_limit=00:01:00",
-        "train.exit_signal_lead_s=12",
+        "resilience.exit_signal_lead_s=12",
         f"train.steps={steps}",
         "train.save_interval=40",
         "train.eval_interval=40",
-        "train.max_requeues=50",  # a loaded machine makes each window short
+        "resilience.max_requeues=50",  # a loaded machine makes each window short
     )
     states = wait_for(workdir, 1700)
     assert states["train"][0]["state"] == "COMPLETED", states

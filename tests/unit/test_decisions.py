@@ -12,7 +12,7 @@ from pipeline.resilience import decisions, records
 from pipeline.resilience.decisions import Allocation, Limits
 from pipeline.resilience.records import Action, FaultKind, FaultRecord
 
-MANY = 100  # train.max_requeues, out of the way
+MANY = 100  # resilience.max_requeues, out of the way
 
 
 def _record(data: dict) -> FaultRecord:
@@ -66,7 +66,7 @@ def test_restarts_stop_at_cluster_max_restarts_and_nothing_requeues_outside_slur
         for a, s in [(0, 5), (1, 9)]
     ]
     assert decide(_fault(20, ["n1"], attempt=2), before, 2) == (
-        "stopped: 2 restarts reached cluster.max_restarts",
+        "stopped: 2 restarts reached resilience.max_restarts",
         [],
     )
     assert decide(_fault(20, ["n1"], job=None), [], 3) == ("ended the attempt", [])
@@ -143,7 +143,7 @@ def test_restarts_in_one_allocation_stop_at_cluster_max_restarts_then_the_job_re
         for a, s in [(1, 5), (2, 9)]
     ]
     assert decide_supervised(_supervised("hang", 20, ["n1"], 3), before, 2, HELD, 2) == (
-        "requeued without n1 (cluster.max_restarts reached)",
+        "requeued without n1 (resilience.max_restarts reached)",
         ["n1"],
     )
     requeued = _supervised("hang", 20, ["n1"], 3, allocation=1)  # a new allocation: anew

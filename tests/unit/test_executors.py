@@ -174,7 +174,7 @@ Traceback (most recent call last):
 RuntimeError: worker failed
 warning: no space left writing checkpoint c: File too large (EFBIG); the save of step 20 is skipped
 step 25/40 | loss 4.9
-hang: no progress for 10 s (cluster.hang_timeout_s=10): rank 1 on n1 in optimizer of step 26
+hang: no progress for 10 s (resilience.hang_timeout_s=10): rank 1 on n1 in optimizer of step 26
 Thread 0x00007f01 (most recent call first):
   File "trainer.py", line 120 in fit
 
@@ -199,7 +199,7 @@ def test_a_local_job_s_console_gets_its_lines_and_its_log_the_traces_and_stacks(
         "warning: no space left writing checkpoint c: File too large (EFBIG); the save of step "
         "20 is skipped",
         "step 25/40 | loss 4.9",
-        "hang: no progress for 10 s (cluster.hang_timeout_s=10): rank 1 on n1 in optimizer of "
+        "hang: no progress for 10 s (resilience.hang_timeout_s=10): rank 1 on n1 in optimizer of "
         "step 26",
         "[watchdog] hang at step 26: ended the attempt",
     ]

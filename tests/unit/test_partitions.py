@@ -77,6 +77,6 @@ def test_gpus_and_nodes_that_fit_are_counted_together():
 
 
 def test_spare_nodes_that_the_partition_lacks_are_refused_naming_them():
-    with pytest.raises(ConfigError, match=r"^cluster.spare_nodes: the train job asks 4 nodes; "):
-        check(CPU_CLUSTER, "cluster.nodes=2", "cluster.spare_nodes=2")
-    check(CPU_CLUSTER, "cluster.nodes=2", "cluster.spare_nodes=1")  # 3 of 3: it fits
+    with pytest.raises(ConfigError, match=r"^resilience.spare_nodes: the train job asks 4 nodes; "):
+        check(CPU_CLUSTER, "cluster.nodes=2", "resilience.spare_nodes=2")
+    check(CPU_CLUSTER, "cluster.nodes=2", "resilience.spare_nodes=1")  # 3 of 3: it fits

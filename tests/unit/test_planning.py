@@ -339,7 +339,7 @@ def test_summary_lines_for_the_launcher(tmp_path):
     metrics = tmp_path / "train" / "metrics.jsonl"
     metrics.parent.mkdir(parents=True)
     metrics.write_text('{"step": 10, "checkpoint_total_s": 12.5}\n{"step": 11, "loss": 3}\n')
-    with_save = changed(cfg, "cluster", hang_timeout_s=20.0)
+    with_save = changed(cfg, "resilience", hang_timeout_s=20.0)
     assert (
         "in a save 125 s (10x the slowest save recorded, 12.5 s)"
         in render.summary_lines(with_save, run_plan.make(with_save, (32000, "given")))[-1]
@@ -384,7 +384,7 @@ GPU_SLURM = [
                 "parallel.tensor=8",
                 "cluster.checkpoint_write_gbps=0.2",
             ],
-            "train.exit_signal_lead_s",
+            "resilience.exit_signal_lead_s",
             "set at least",
         ),
     ],

@@ -175,4 +175,4 @@ def test_out_of_memory_is_never_retried_and_max_requeues_stops_a_requeue(job, mo
     with pytest.raises(SystemExit):
         _supervise(paths, max_restarts=0, max_requeues=2)
     (record,) = _recorded(paths)
-    assert record.action == "stopped: 2 requeues reached train.max_requeues"
+    assert record.action == "stopped: 2 requeues reached resilience.max_requeues"

@@ -45,7 +45,7 @@ def supervisor(cfg: PipelineConfig, step: Step) -> Supervisor:
         gpus_per_node=needs.gpus_per_node,
         cpus_per_task=cfg.cluster.cpus_per_task,
         srun_args=tuple(srun_args(cfg)),
-        limits=Limits(cfg.cluster.max_restarts, cfg.train.max_requeues),
+        limits=Limits(cfg.resilience.max_restarts, cfg.resilience.max_requeues),
     )
     return Supervisor(DistributedTask(step, cfg), attempts)
 
@@ -74,12 +74,12 @@ def slurm_parameters(cfg: PipelineConfig, step: Step) -> dict[str, Any]:
     )
     if needs.requeue:
         # Slurm signals every task this long before the time limit; the loop saves and requeues.
-        params["signal_delay_s"] = cfg.train.exit_signal_lead_s
+        params["signal_delay_s"] = cfg.resilience.exit_signal_lead_s
         extra["requeue"] = True
     if step.placement is Placement.TRAINING_RANKS:
         # the supervisor starts the ranks itself, on some of the nodes: the others are spares,
         # and a node lost leaves the job (--no-kill) instead of ending it
-        params.update(nodes=needs.nodes + c.spare_nodes, use_srun=False)
+        params.update(nodes=needs.nodes + cfg.resilience.spare_nodes, use_srun=False)
         extra["no-kill"] = True
     return {k: v for k, v in params.items() if v is not None}
 

@@ -1,0 +1,53 @@
+"""What a run makes of its trained model: the evaluation (eval.*) and the Hugging Face export
+(export.*)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pipeline.config import choices as c
+from pipeline.config import rules as r
+from pipeline.config.keys import NOT_SETTING, OUTPUT, key
+from pipeline.config.rules import AT_LEAST_ONE, NOT_NEGATIVE, POSITIVE
+
+
+@dataclass
+class EvalConfig:
+    checkpoint: str = key("best", OUTPUT, "best | latest | a checkpoint folder", common=True)
+    max_batches: int | None = key(
+        None, OUTPUT, "micro-batches per evaluated set; none: all", rule=AT_LEAST_ONE
+    )
+    micro_batch_size: int | None = key(
+        None, OUTPUT, "none: train.micro_batch_size", rule=AT_LEAST_ONE
+    )
+    prompts: list[str] = key(
+        role=OUTPUT,
+        help="prompts of the samples generated",
+        factory=lambda: ["The function returns", "Python is", "To open a file,"],
+    )
+    max_new_tokens: int = key(48, OUTPUT, "tokens generated per prompt", rule=NOT_NEGATIVE)
+    top_k: int = key(40, OUTPUT, "sampling's", rule=NOT_NEGATIVE)
+    top_p: float = key(0.9, OUTPUT, "sampling's", rule=r.PROBABILITY)
+    extra_sets: dict[str, str] = key(
+        role=OUTPUT,
+        help="more held-out sets: NAME=JSONL glob",
+        factory=dict,
+        rule=r.EXTRA_SET_NAMES,
+    )
+    all_checkpoints: bool = key(False, OUTPUT, "the test loss of every kept checkpoint too")
+    # run only if lm_eval is installed and their data is local
+    harness_tasks: list[str] = key(role=OUTPUT, help="lm-evaluation-harness tasks", factory=list)
+
+
+@dataclass
+class ExportConfig:
+    """The export stage and `python -m pipeline.export`: the checkpoint eval.checkpoint names, as
+    a Hugging Face model folder with its tokenizer."""
+
+    out: str | None = key(
+        None, NOT_SETTING, "the folder; none: WORKDIR/export", rule=r.FOLDER_TO_WRITE, common=True
+    )
+    dtype: c.ExportDtype = key(c.ExportDtype.bf16, OUTPUT, "the weights' dtype", common=True)
+    shard_gb: float = key(
+        5.0, OUTPUT, "the most weight bytes in one safetensors file", rule=POSITIVE
+    )
