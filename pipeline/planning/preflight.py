@@ -9,7 +9,7 @@ import shutil
 from pathlib import Path
 
 from pipeline.config import PipelineConfig, TokenizerConfig
-from pipeline.config.derived import settled, slurm_minutes, trains_on_gpu, world_size
+from pipeline.config.derived import slurm_minutes, world_size
 from pipeline.config.split_weights import Split
 from pipeline.core.errors import ConfigError
 from pipeline.core.paths import RunPaths
@@ -20,7 +20,6 @@ from pipeline.model.backends import names as backend_names
 from pipeline.model.huggingface import architectures
 from pipeline.model.huggingface import files as hf_files
 from pipeline.model.huggingface import tokenizer as hf_tokenizer
-from pipeline.model.parameters import parameter_count
 from pipeline.model.sizes import padded_vocab
 from pipeline.planning.run_gpu import RunGpu
 from pipeline.planning.run_plan import Plan
@@ -86,9 +85,10 @@ def _unexportable(tk: TokenizerConfig) -> str | None:
     return None
 
 
-def check_init_from(cfg: PipelineConfig, vocab_size: int) -> None:
+def check_init_from(cfg: PipelineConfig, plan: Plan) -> None:
     """model.init_from is a Llama of this run's model shape, with an embedding row for every
     piece of the tokenizer and no more than the padded vocabulary holds."""
+    vocab_size = plan.vocab_size
     folder = Path(cfg.model.init_from)
     hf = hf_files.read_config(folder)
     differs = architectures.mismatch(cfg.model, hf)
@@ -97,7 +97,7 @@ def check_init_from(cfg: PipelineConfig, vocab_size: int) -> None:
     if not RunPaths.of(cfg.workdir).manifest.exists():  # not tokenized yet: its own count
         vocab_size = load_tokenizer(cfg.tokenizer.model).vocab_size()
     rows = (hf_files.shape(folder, "model.embed_tokens.weight") or [0])[0]
-    padded = padded_vocab(vocab_size, cfg.model, settled(cfg).tensor)
+    padded = padded_vocab(vocab_size, cfg.model, plan.layout.tensor)
     if not vocab_size <= rows <= padded:
         raise ConfigError(
             f"model.init_from={folder}: its embedding has {rows} rows, the tokenizer "
@@ -106,11 +106,10 @@ def check_init_from(cfg: PipelineConfig, vocab_size: int) -> None:
         )
 
 
-def checkpoint_bytes(cfg: PipelineConfig, vocab_size: int) -> int:
-    """What one save writes over all ranks: weights and optimizer state (fp32 main weights and
-    two Adam moments in mixed precision), whatever the layout."""
-    n = parameter_count(cfg.model, vocab_size, settled(cfg).tensor)["total"]
-    return n * (12 if cfg.train.precision == "fp32" else 14)
+def checkpoint_bytes(parameters: int, precision: str) -> int:
+    """What one save of a model of `parameters` writes over all ranks: weights and optimizer
+    state (fp32 main weights and two Adam moments in mixed precision), whatever the layout."""
+    return parameters * (12 if precision == "fp32" else 14)
 
 
 def _local_gpu() -> bool:
@@ -118,29 +117,29 @@ def _local_gpu() -> bool:
     return os.path.exists("/dev/nvidiactl") or shutil.which("nvidia-smi") is not None
 
 
-def _check_device(cfg: PipelineConfig) -> None:
-    t = cfg.train
+def _check_device(cfg: PipelineConfig, plan: Plan) -> None:
+    t, on_gpu = cfg.train, plan.on_gpu
     # an evaluation alone runs in fp32 on a CPU, whatever precision trained the weights
-    if not trains_on_gpu(cfg) and t.precision != "fp32" and "train" in cfg.stages:
+    if not on_gpu and t.precision != "fp32" and "train" in cfg.stages:
         raise ConfigError(
             f"train.precision: {t.precision} needs GPUs (cluster.gpus_per_node); use fp32 on CPU"
         )
     if cfg.parallel.context > 1 and "train" in cfg.stages:
         # megatron-core splits attention over the sequence with Transformer Engine only; the
         # batch split by sequence waits for a machine with several GPUs to be run on
-        why = "is planned only, not trained yet" if trains_on_gpu(cfg) else "needs GPUs"
+        why = "is planned only, not trained yet" if on_gpu else "needs GPUs"
         raise ConfigError(
             f"parallel.context: context parallelism {why} (python -m pipeline.plan estimates "
             "it); use 1"
         )
-    if not trains_on_gpu(cfg) and cfg.parallel.sequence_parallel:
+    if not on_gpu and cfg.parallel.sequence_parallel:
         raise ConfigError("parallel.sequence_parallel: needs GPUs; use false on CPU")
-    if not trains_on_gpu(cfg) and settled(cfg).pipeline > 1 and not cfg.model.untie_embeddings:
+    if not on_gpu and plan.layout.pipeline > 1 and not cfg.model.untie_embeddings:
         raise ConfigError(
             "parallel.pipeline: pipeline stages on CPU need model.untie_embeddings=true "
             "(megatron-core keeps the output copy of a tied embedding on a GPU)"
         )
-    if trains_on_gpu(cfg) and cfg.cluster.executor != "slurm" and not _local_gpu():
+    if on_gpu and cfg.cluster.executor != "slurm" and not _local_gpu():
         raise ConfigError(
             "train.device: GPUs asked for (train=gpu or cluster.gpus_per_node), but this "
             "machine has none; use train=cpu here, or cluster=slurm to submit to GPU nodes"
@@ -182,7 +181,7 @@ def _check_host_memory(cfg: PipelineConfig, plan: Plan) -> None:
     """A CPU run whose ranks on a node would need more memory than the node has: this
     machine when run here, cluster.mem_gb (when given) on Slurm."""
     c = cfg.cluster
-    if trains_on_gpu(cfg) or (c.executor == "slurm" and not c.mem_gb):
+    if plan.on_gpu or (c.executor == "slurm" and not c.mem_gb):
         return
     ranks = world_size(c) // c.nodes
     need = ranks * plan.memory["total"]
@@ -199,7 +198,7 @@ def _check_host_memory(cfg: PipelineConfig, plan: Plan) -> None:
 
 def _check_fits(cfg: PipelineConfig, plan: Plan) -> None:
     gpu = plan.gpu
-    if gpu is None or gpu.assumed or gpu.capacity is None or not trains_on_gpu(cfg):
+    if gpu is None or gpu.assumed or gpu.capacity is None or not plan.on_gpu:
         return
     need, capacity = plan.memory["total"], gpu.capacity
     if need <= capacity:
@@ -236,9 +235,9 @@ def _check_time_limit(cfg: PipelineConfig, plan: Plan) -> None:
     # written once and hashed once by its writer; in the background, a save already in flight
     # when the signal comes is finished first
     writes = 3 if t.async_save else 2
-    saved = checkpoint_bytes(cfg, plan.vocab_size)
+    saved = checkpoint_bytes(plan.parameters["total"], t.precision)
     save_s = writes * saved / (c.checkpoint_write_gbps * 1e9)
-    step_s = plan.step["step_s"] if trains_on_gpu(cfg) and plan.gpu is not None else 0.0
+    step_s = plan.step["step_s"] if plan.on_gpu and plan.gpu is not None else 0.0
     need = save_s + step_s + SAVE_MARGIN_S
     if lead_s < need:
         raise ConfigError(
@@ -260,32 +259,31 @@ def check_training(cfg: PipelineConfig, plan: Plan) -> None:
     submitted: GPU settings without GPUs, fp8 without fp8 tensor cores, a layout that does not
     fit the GPUs' memory, a time limit or signal lead too short to save a checkpoint, a CPU
     resume under another layout; each against the run's `plan`. Raises ConfigError."""
-    _check_device(cfg)
+    _check_device(cfg, plan)
     _check_processes(cfg)
     check_fp8(cfg, plan.gpu)
     _check_fits(cfg, plan)
     _check_host_memory(cfg, plan)
     _check_time_limit(cfg, plan)
-    _check_resume_layout(cfg, plan.vocab_size)
+    _check_resume_layout(cfg, plan)
     if cfg.model.init_from:
-        check_init_from(cfg, plan.vocab_size)
+        check_init_from(cfg, plan)
 
 
-def _check_resume_layout(cfg: PipelineConfig, vocab_size: int) -> None:
+def _check_resume_layout(cfg: PipelineConfig, plan: Plan) -> None:
     paths = RunPaths.of(cfg.workdir)
     if "train" not in cfg.stages or paths.train_done.exists():
         return
-    s = settled(cfg)
     problem = checkpoint_records.layout_problem(
         checkpoint_records.tracked_state(paths),
         {
-            "tensor": s.tensor,
-            "pipeline": s.pipeline,
+            "tensor": plan.layout.tensor,
+            "pipeline": plan.layout.pipeline,
             "virtual_pipeline": cfg.parallel.virtual_pipeline,
             "account_for_embedding": cfg.parallel.account_for_embedding,
             "account_for_loss": cfg.parallel.account_for_loss,
             "backend": backend_names.for_training(cfg),
-            "padded_vocab_size": padded_vocab(vocab_size, cfg.model, s.tensor),
+            "padded_vocab_size": plan.parameters["padded_vocab"],
         },
     )
     if problem:

@@ -12,7 +12,7 @@ from pipeline.config.derived import world_size
 from pipeline.core.paths import RunPaths
 from pipeline.data import mixture
 from pipeline.model.flops import flops_per_sequence
-from pipeline.model.parameters import parameter_count, stage_params
+from pipeline.model.parameters import stage_params
 from pipeline.model.sizes import ffn_hidden_size
 from pipeline.planning import hardware, run_gpu
 from pipeline.planning.hardware import Hardware
@@ -49,7 +49,7 @@ def summary_lines(cfg: PipelineConfig, plan: Plan) -> list[str]:
     """A few lines for the launcher to print before it submits: parameters, FLOPs, the plan's
     per-GPU memory, tokens per step, its expected speed on the run's GPU."""
     layout, memory, vocab_size = plan.layout, plan.memory, plan.vocab_size
-    counts = parameter_count(cfg.model, vocab_size, layout.tensor)
+    counts = plan.parameters
     where = "GPU" if layout.fused_kernels else "rank"
     per_token = flops_per_sequence(cfg.model, vocab_size, layout.tensor) / cfg.model.seq_length
     steps = cfg.train.steps
@@ -107,11 +107,8 @@ def _speed_lines(plan: Plan) -> list[str]:
     ]
 
 
-def _parameter_lines(
-    cfg: PipelineConfig, vocab_size: int, source: str, layout: ParallelLayout
-) -> list[str]:
-    m = cfg.model
-    c = parameter_count(m, vocab_size, layout.tensor)
+def _parameter_lines(cfg: PipelineConfig, plan: Plan) -> list[str]:
+    m, c, vocab_size, source = cfg.model, plan.parameters, plan.vocab_size, plan.vocab_source
     groups = m.num_query_groups or m.num_attention_heads
     position = f" + {count(c['position_embedding'])} positions" if c["position_embedding"] else ""
     tied = "untied" if m.untie_embeddings else "tied to the embedding"
@@ -128,7 +125,7 @@ def _parameter_lines(
         f"{count(c['norms_per_layer'])}; final norm {count(c['final_norm'])})",
         f"  output layer  {count(c['output_layer']):>9}  ({tied})",
     ]
-    t, p, split = layout.tensor, layout.pipeline, layout.pipeline_split
+    t, p, split = plan.layout.tensor, plan.layout.pipeline, plan.layout.pipeline_split
     stages = sorted({0, p - 1})
     per_gpu = ", ".join(
         f"stage {s}: {count(stage_params(m, vocab_size, t, p, s, split)['total'])}" for s in stages
@@ -302,7 +299,7 @@ def plan_lines(cfg: PipelineConfig, plan: Plan, options: PlanOptions) -> list[st
     GPU (a CPU run's only when one is named)."""
     vocab_size, layout, gpu = plan.vocab_size, plan.layout, plan.gpu
     flops = flops_per_sequence(cfg.model, vocab_size, layout.tensor)
-    lines = _parameter_lines(cfg, vocab_size, plan.vocab_source, layout)
+    lines = _parameter_lines(cfg, plan)
     lines.append(
         f"FLOPs per token: {flops_text(flops / cfg.model.seq_length)} ({flops_text(flops)} per "
         "sequence; Megatron-LM's formula)"

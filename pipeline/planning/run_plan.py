@@ -1,8 +1,9 @@
 """The plan of a run, made once from the resolved config (at launch, and by `python -m
 pipeline.plan`): its layout, memory breakdown and step-time breakdown, the GPU and fabric they
-were estimated for, and why the auto values are what they are. It is handed to the preflight
-checks, the printed plan and --json, and written to the run folder's plan.json, which the
-report reads; nothing after it recomputes these figures.
+were estimated for, why the auto values are what they are, whether it trains on GPUs and its
+parameter count. It is handed to the preflight checks, the printed plan and --json, and
+written to the run folder's plan.json, which the report reads; nothing after it recomputes
+these figures.
 
 plan.json is a record of the launch, not an input of any step: the completion markers and
 the rerun verdicts (pipeline.orchestration.reruns) never read it.
@@ -14,11 +15,14 @@ import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from types import MappingProxyType
 
 from pipeline.config import PipelineConfig
+from pipeline.config.derived import trains_on_gpu
 from pipeline.core import files
 from pipeline.core.paths import RunPaths
 from pipeline.data import datasets
+from pipeline.model.parameters import parameter_count
 from pipeline.planning import hardware, run_gpu, search
 from pipeline.planning.hardware import Hardware
 from pipeline.planning.parallel_layout import ParallelLayout
@@ -38,6 +42,9 @@ class Plan:
     gpu: RunGpu | None  # the run's GPU; None: a CPU run that names none
     hardware: Hardware  # the GPU and fabric of `step` (H100's, assumed, where gpu is None)
     reasons: str | None  # what the auto values became, and why (train.auto_choice)
+    on_gpu: bool  # whether the training job is meant for GPUs (derived.trains_on_gpu)
+    # one replica's parameters with the vocabulary padded for the layout (parameter_count)
+    parameters: Mapping[str, int]
 
     @property
     def fits(self) -> bool | None:
@@ -67,6 +74,7 @@ def make(cfg: PipelineConfig, vocab: tuple[int, str] | None = None) -> Plan:
     """The plan of a validated config whose auto values are settled; `vocab`: the vocabulary
     size and where it came from, when the caller has it (else read as the run would)."""
     vocab_size, source = vocab or datasets.vocab_size(cfg)
+    on_gpu = trains_on_gpu(cfg)
     layout = ParallelLayout.of(cfg)
     gpu = run_gpu.of(cfg)
     hw = hardware.of(cfg, (gpu or run_gpu.ASSUMED).name)
@@ -81,6 +89,8 @@ def make(cfg: PipelineConfig, vocab: tuple[int, str] | None = None) -> Plan:
         gpu=gpu,
         hardware=hw,
         reasons=cfg.train.auto_choice,
+        on_gpu=on_gpu,
+        parameters=MappingProxyType(parameter_count(cfg.model, vocab_size, layout.tensor)),
     )
 
 
