@@ -100,7 +100,7 @@ def micro_batches_in_flight(layout: ParallelLayout, stage: int = 0) -> float:
     return chunks / v
 
 
-def logits_bytes(m: ModelConfig, vocab_size: int, layout: ParallelLayout) -> int:
+def logits_bytes(m: ModelConfig, padded: int, layout: ParallelLayout) -> int:
     """The last stage's output at the start of backward: the final norm's input and output
     (the output layer keeps it), the logits [s, b, vocab/TP], and the output layer's backward
     temporaries (its input gradient, and its weight gradient in the activation dtype before
@@ -109,7 +109,7 @@ def logits_bytes(m: ModelConfig, vocab_size: int, layout: ParallelLayout) -> int
     s, b, h = m.seq_length, layout.micro_batch, m.hidden_size
     e = activation_dtype_bytes(layout)
     seq_split = layout.tensor if layout.sequence_parallel else 1
-    vocab = padded_vocab(vocab_size, m, layout.tensor) // layout.tensor
+    vocab = padded // layout.tensor
     per_logit = e if layout.fused_kernels else 4
     final_norm = 2 * e * s * b * h / seq_split
     backward = e * s * b * h + e * vocab * h
@@ -143,12 +143,13 @@ def stage_memory(
 ) -> dict[str, int]:
     split = layout.pipeline_split
     params = stage_params(m, vocab_size, layout.tensor, layout.pipeline, stage, split)
+    padded = padded_vocab(vocab_size, m, layout.tensor)
     memory = static_bytes(params, layout)
     per_micro_batch = stage_activations(m, layout, stage=stage)
     in_flight = micro_batches_in_flight(layout, stage)
     memory["activations"] = math.ceil(per_micro_batch * in_flight)
     last = stage == layout.pipeline - 1
-    memory["logits"] = logits_bytes(m, vocab_size, layout) if last else 0
+    memory["logits"] = logits_bytes(m, padded, layout) if last else 0
     # full recompute: the layer being recomputed holds its whole working set again
     memory["working"] = layer_activations(m, layout, "none") if layout.recompute == "full" else 0
     memory["overhead"] = FIXED_OVERHEAD_BYTES

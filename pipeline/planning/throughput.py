@@ -95,14 +95,13 @@ def _collective_s(nbytes: float, members: int, stride: int, hw: Hardware, calls:
 
 
 def _layer_s(
-    m: ModelConfig, lo: ParallelLayout, hw: Hardware, c: Constants
+    m: ModelConfig, ffn: int, lo: ParallelLayout, hw: Hardware, c: Constants
 ) -> tuple[float, float, float, float]:
-    """One layer, one micro-batch, one GPU: (forward + backward compute, its elementwise part,
-    forward attention, one forward TP collective) in seconds."""
+    """One layer of MLP width `ffn`, one micro-batch, one GPU: (forward + backward compute, its
+    elementwise part, forward attention, one forward TP collective) in seconds."""
     t, tokens = lo.tensor, lo.micro_batch * m.seq_length / lo.context
     h, heads = m.hidden_size, m.num_attention_heads
     groups, head_dim = m.num_query_groups or heads, h // heads
-    ffn = ffn_hidden_size(m)
     gated = m.activation == "swiglu"
     fp8 = lo.precision == "fp8" and hw.fp8
     peak = hw.peak_tflops("fp8" if fp8 else "bf16")
@@ -148,9 +147,11 @@ def _attention_fwd_s(
     return flops / (hw.bf16_tflops * 1e12 * c.gemm_fraction * shape) + scores
 
 
-def _output_layer_s(m: ModelConfig, vocab: int, lo: ParallelLayout, hw: Hardware, c: Constants):
+def _output_layer_s(
+    m: ModelConfig, padded: int, lo: ParallelLayout, hw: Hardware, c: Constants
+) -> float:
     tokens = lo.micro_batch * m.seq_length / lo.context
-    v = padded_vocab(vocab, m, lo.tensor) / lo.tensor
+    v = padded / lo.tensor
     gemm = _gemm_s(tokens, v, m.hidden_size, hw.bf16_tflops, c.gemm_fraction, c)
     loss = 4 * 2 * tokens * v / (hw.hbm_gbps * 1e9 * HBM_EFFICIENCY)  # softmax and its gradient
     return gemm + loss
@@ -170,8 +171,13 @@ def expected_step(
     tflops_per_gpu (Megatron-LM's model FLOPs), mfu."""
     hw, c, lo = hw or preset(None), constants, layout
     t, p, v = lo.tensor, lo.pipeline, lo.virtual_pipeline or 1
+    # the model's figures, taken once: MLP width, padded vocabulary, the busiest stage's
+    # parameters, Megatron-LM's FLOPs
+    ffn, padded = ffn_hidden_size(m), padded_vocab(vocab_size, m, t)
+    params = max(stage_params(m, vocab_size, t, p, s)["total"] for s in {0, p - 1})
+    model_flops = flops_per_sequence(m, vocab_size, 1) * lo.global_batch
     layers = math.ceil(m.num_layers / p)
-    compute, _, attention_fwd, tp_one = _layer_s(m, lo, hw, c)
+    compute, _, attention_fwd, tp_one = _layer_s(m, ffn, lo, hw, c)
     collectives = 8  # forward and backward: 2 all-gathers and 2 reduce-scatters each
     if lo.recompute == "full":
         recomputed = min(lo.recompute_layers or layers, layers)
@@ -181,7 +187,7 @@ def expected_step(
         compute += attention_fwd
     hidden = c.tp_overlap_hidden if lo.tp_comm_overlap else 0.0
     tp_layer = collectives * tp_one * (1 - hidden)
-    micro_s = layers * compute + _output_layer_s(m, vocab_size, lo, hw, c)
+    micro_s = layers * compute + _output_layer_s(m, padded, lo, hw, c)
     micro_tp = layers * tp_layer
     per_micro = micro_s + micro_tp
     accum = lo.grad_accum
@@ -191,11 +197,10 @@ def expected_step(
         hop = lo.micro_batch * m.seq_length / lo.context * m.hidden_size * 2 / shard
         stride = t * lo.context * lo.data
         bubble += 2 * (accum + p - 1) * _collective_s(2 * hop, 2, stride, hw)
-    dp_s = _data_parallel_s(m, vocab_size, lo, hw, per_micro)
-    optimizer = _optimizer_s(m, vocab_size, lo, hw)
+    dp_s = _data_parallel_s(params, lo, hw, per_micro)
+    optimizer = _optimizer_s(params, lo, hw)
     step = accum * per_micro + bubble + dp_s + optimizer
     gpus = lo.gpus
-    model_flops = flops_per_sequence(m, vocab_size, 1) * lo.global_batch
     tflops = model_flops / step / gpus / 1e12
     tokens = lo.global_batch * m.seq_length
     return {
@@ -211,20 +216,12 @@ def expected_step(
     }
 
 
-def _stage_params(m: ModelConfig, vocab: int, lo: ParallelLayout) -> int:
-    return max(
-        stage_params(m, vocab, lo.tensor, lo.pipeline, s)["total"] for s in {0, lo.pipeline - 1}
-    )
-
-
-def _data_parallel_s(
-    m: ModelConfig, vocab: int, lo: ParallelLayout, hw: Hardware, per_micro: float
-) -> float:
-    """Exposed seconds of the gradient reduction and weight gathering over DP x CP ranks."""
+def _data_parallel_s(params: int, lo: ParallelLayout, hw: Hardware, per_micro: float) -> float:
+    """Exposed seconds of the gradient reduction and weight gathering over DP x CP ranks, of
+    a stage of `params` parameters."""
     members, stride = lo.data * lo.context, lo.tensor
     if members <= 1:
         return 0.0
-    params = _stage_params(m, vocab, lo)
     grads = params * (4 if lo.grad_reduce_fp32 else 2)
     bucket = lo.bucket_params or max(BUCKET_PARAMS, 1_000_000 * members)
     buckets = math.ceil(params / bucket)
@@ -241,7 +238,6 @@ def _data_parallel_s(
     return reduce + gather
 
 
-def _optimizer_s(m: ModelConfig, vocab: int, lo: ParallelLayout, hw: Hardware) -> float:
+def _optimizer_s(params: int, lo: ParallelLayout, hw: Hardware) -> float:
     shards = lo.data * lo.context if lo.distributed_optimizer or lo.fsdp else 1
-    params = _stage_params(m, vocab, lo) / shards
-    return params * OPTIMIZER_BYTES / (hw.hbm_gbps * 1e9 * HBM_EFFICIENCY)
+    return params / shards * OPTIMIZER_BYTES / (hw.hbm_gbps * 1e9 * HBM_EFFICIENCY)
