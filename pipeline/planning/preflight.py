@@ -8,7 +8,7 @@ import os
 import shutil
 from pathlib import Path
 
-from pipeline.config import PipelineConfig, TokenizerConfig
+from pipeline.config import PipelineConfig
 from pipeline.config.derived import slurm_minutes, world_size
 from pipeline.config.split_weights import Split
 from pipeline.core.errors import ConfigError
@@ -68,21 +68,12 @@ def check_export(cfg: PipelineConfig) -> None:
     hf_files.refuse_foreign(Path(cfg.export.out or RunPaths.of(cfg.workdir).export_dir))
     trained = RunPaths.of(cfg.data.prepared or cfg.workdir).tokenizer_model
     existing = cfg.tokenizer.model or (trained if trained.exists() else None)
-    why = hf_tokenizer.unsupported(Path(existing)) if existing else _unexportable(cfg.tokenizer)
+    if existing:
+        why = hf_tokenizer.unsupported(Path(existing))
+    else:
+        why = hf_tokenizer.unsupported_settings(cfg.tokenizer)
     if why:
         raise ConfigError(f"stages: export needs a tokenizer transformers reproduces; {why}")
-
-
-def _unexportable(tk: TokenizerConfig) -> str | None:
-    """What in the settings of a tokenizer still to be trained rules out an exact export."""
-    for key, value, needed in (
-        ("type", tk.type, "bpe"),
-        ("lossless", tk.lossless, True),
-        ("byte_fallback", tk.byte_fallback, True),
-    ):
-        if value != needed:
-            return f"tokenizer.{key}={value} cannot be, tokenizer.{key}={needed} can"
-    return None
 
 
 def check_init_from(cfg: PipelineConfig, plan: Plan) -> None:

@@ -24,6 +24,7 @@ import json
 from collections.abc import Iterable
 from pathlib import Path
 
+from pipeline.config import TokenizerConfig
 from pipeline.core import files
 from pipeline.core.errors import StageError
 
@@ -129,6 +130,18 @@ def _tokenizer(proto):
 def unsupported(sp_model: Path) -> str | None:
     """Why the sentencepiece model cannot be exported exactly, in one line; None when it can."""
     return _unsupported(_proto(Path(sp_model).read_bytes()))
+
+
+def unsupported_settings(tk: TokenizerConfig) -> str | None:
+    """What in the settings of a tokenizer still to be trained rules out an exact export."""
+    for key, value, needed in (
+        ("type", tk.type, "bpe"),
+        ("lossless", tk.lossless, True),
+        ("byte_fallback", tk.byte_fallback, True),
+    ):
+        if value != needed:
+            return f"tokenizer.{key}={value} cannot be, tokenizer.{key}={needed} can"
+    return None
 
 
 def _unsupported(proto) -> str | None:
