@@ -11,7 +11,6 @@ from pipeline.config.choices import RECOMPUTE_MODES
 from pipeline.config.derived import world_size
 from pipeline.core.paths import RunPaths
 from pipeline.data import mixture
-from pipeline.model.flops import flops_per_sequence
 from pipeline.model.parameters import stage_params
 from pipeline.model.sizes import ffn_hidden_size
 from pipeline.planning import hardware, run_gpu
@@ -48,10 +47,10 @@ class PlanOptions:
 def summary_lines(cfg: PipelineConfig, plan: Plan) -> list[str]:
     """A few lines for the launcher to print before it submits: parameters, FLOPs, the plan's
     per-GPU memory, tokens per step, its expected speed on the run's GPU."""
-    layout, memory, vocab_size = plan.layout, plan.memory, plan.vocab_size
+    layout, memory = plan.layout, plan.memory
     counts = plan.parameters
     where = "GPU" if layout.fused_kernels else "rank"
-    per_token = flops_per_sequence(cfg.model, vocab_size, layout.tensor) / cfg.model.seq_length
+    per_token = plan.flops_per_sequence / cfg.model.seq_length
     steps = cfg.train.steps
     parts = ", ".join(
         f"{key} {memory[key] / GIB:.1f}"
@@ -298,7 +297,7 @@ def plan_lines(cfg: PipelineConfig, plan: Plan, options: PlanOptions) -> list[st
     """The whole plan for a validated config, as lines to print; every figure for the run's
     GPU (a CPU run's only when one is named)."""
     vocab_size, layout, gpu = plan.vocab_size, plan.layout, plan.gpu
-    flops = flops_per_sequence(cfg.model, vocab_size, layout.tensor)
+    flops = plan.flops_per_sequence
     lines = _parameter_lines(cfg, plan)
     lines.append(
         f"FLOPs per token: {flops_text(flops / cfg.model.seq_length)} ({flops_text(flops)} per "

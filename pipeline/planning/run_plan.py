@@ -1,9 +1,9 @@
 """The plan of a run, made once from the resolved config (at launch, and by `python -m
 pipeline.plan`): its layout, memory breakdown and step-time breakdown, the GPU and fabric they
-were estimated for, why the auto values are what they are, whether it trains on GPUs and its
-parameter count. It is handed to the preflight checks, the printed plan and --json, and
-written to the run folder's plan.json, which the report reads; nothing after it recomputes
-these figures.
+were estimated for, why the auto values are what they are, whether it trains on GPUs, its
+parameter count and FLOPs. It is handed to the preflight checks, the printed plan and --json,
+and written to the run folder's plan.json, which the report reads; nothing after it
+recomputes these figures.
 
 plan.json is a record of the launch, not an input of any step: the completion markers and
 the rerun verdicts (pipeline.orchestration.reruns) never read it.
@@ -22,6 +22,7 @@ from pipeline.config.derived import trains_on_gpu
 from pipeline.core import files
 from pipeline.core.paths import RunPaths
 from pipeline.data import datasets
+from pipeline.model.flops import flops_per_sequence
 from pipeline.model.parameters import parameter_count
 from pipeline.planning import hardware, run_gpu, search
 from pipeline.planning.hardware import Hardware
@@ -45,6 +46,7 @@ class Plan:
     on_gpu: bool  # whether the training job is meant for GPUs (derived.trains_on_gpu)
     # one replica's parameters with the vocabulary padded for the layout (parameter_count)
     parameters: Mapping[str, int]
+    flops_per_sequence: float  # Megatron-LM's forward and backward FLOPs of one sequence
 
     @property
     def fits(self) -> bool | None:
@@ -91,6 +93,7 @@ def make(cfg: PipelineConfig, vocab: tuple[int, str] | None = None) -> Plan:
         reasons=cfg.train.auto_choice,
         on_gpu=on_gpu,
         parameters=MappingProxyType(parameter_count(cfg.model, vocab_size, layout.tensor)),
+        flops_per_sequence=flops_per_sequence(cfg.model, vocab_size, layout.tensor),
     )
 
 
