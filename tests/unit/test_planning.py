@@ -573,3 +573,13 @@ def test_the_plan_in_the_run_folder_is_the_one_printed(tmp_path):
         plan.layout = ParallelLayout()  # type: ignore[misc]
     with pytest.raises(TypeError):
         plan.memory["total"] = 0  # type: ignore[index]
+
+
+def test_export_refuses_tokenizer_settings_transformers_cannot_reproduce(tmp_path):
+    cfg = make_config(tmp_path, "model=tiny", "tokenizer.type=unigram")
+    with pytest.raises(ConfigError) as error:
+        preflight.check_export(cfg)
+    assert str(error.value) == (
+        "stages: export needs a tokenizer transformers reproduces; "
+        "tokenizer.type=unigram cannot be, tokenizer.type=bpe can"
+    )
