@@ -23,6 +23,9 @@ class MetricsLog:
     def __init__(self, paths: RunPaths, enabled: bool, cfg: PipelineConfig | None = None) -> None:
         self.paths, self.enabled = paths, enabled
         self.writer = None
+        # TensorBoard's last step of each key: a key two records of one step carry (the tokens
+        # of a step's validation and of its training line) is written once
+        self.board_step: dict[str, int] = {}
         self.trackers = Trackers.open(cfg, paths) if enabled and cfg else Trackers([], paths)
 
     def keep_until(self, step: int) -> None:
@@ -61,9 +64,13 @@ class MetricsLog:
         with open(self.paths.metrics, "a") as f:
             f.write(json.dumps(record) + "\n")
         if self.writer is not None:
+            step = record["step"]
             for key, value in record.items():
-                if key != "step" and isinstance(value, (int, float)):
-                    self.writer.add_scalar(key, value, record["step"])
+                if key == "step" or not isinstance(value, (int, float)):
+                    continue
+                if self.board_step.get(key, -1) < step:
+                    self.writer.add_scalar(key, value, step)
+                    self.board_step[key] = step
         self.trackers.log(record)
 
     def close(self, finished: bool = False) -> None:

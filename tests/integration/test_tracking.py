@@ -167,3 +167,24 @@ def test_a_run_without_trackers_loads_and_mentions_neither(tokenized, tmp_path):
     assert done.returncode == 0, done.stderr[-2000:]
     assert "wandb" not in done.stderr.lower() and "mlflow" not in done.stderr.lower()
     assert not [p.name for p in workdir.iterdir() if p.name in ("tracking.json", "wandb", "mlruns")]
+
+
+def test_tensorboard_holds_each_key_once_a_step(tmp_path):
+    """A validation step's record and its training line both carry `tokens`: TensorBoard gets
+    it once at that step, and every other key as logged."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from pipeline.training.metrics import MetricsLog
+
+    paths = RunPaths.of(tmp_path)
+    paths.metrics.parent.mkdir(parents=True)
+    log = MetricsLog(paths, enabled=True)
+    log.open_tensorboard(resumed_at=0)
+    log.record({"step": 10, "loss": 3.0, "tokens": 640})
+    log.record({"step": 10, "val_loss": 3.5, "tokens": 640})
+    log.record({"step": 20, "loss": 2.5, "tokens": 1280})
+    log.close()
+    board = EventAccumulator(str(paths.tensorboard))
+    board.Reload()
+    steps = {key: [e.step for e in board.Scalars(key)] for key in board.Tags()["scalars"]}
+    assert steps == {"loss": [10, 20], "val_loss": [10], "tokens": [10, 20]}, steps
