@@ -40,10 +40,18 @@ def shell_safe(key: str, value: str) -> str:
 
 
 def readable(arg: str) -> None:
-    """Raises ConfigError naming the key when Hydra's lexer cannot read `arg`."""
+    """Raises ConfigError naming the key when Hydra's lexer cannot read `arg`, and naming the
+    word when it is no override at all (what a shell leaves of an unquoted `data.where=score
+    >= 3`: `data.where=score` and `3`, the rest taken as a redirection)."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.errors import OverrideParseException
 
+    if "=" not in arg and not arg.startswith("~"):
+        raise ConfigError(
+            f"{arg}: not an override (KEY=VALUE); if it is part of a value the shell split (at a "
+            "space) or cut (at > or <), quote the whole override for the shell and the value "
+            f"for Hydra, e.g. {shell_safe('data.where', 'score >= 3')}"
+        )
     try:
         OverridesParser.create().parse_overrides([arg])
     except OverrideParseException:

@@ -215,3 +215,22 @@ def test_context_parallelism_takes_its_share_of_the_ranks(tmp_path):
     assert str(error.value).startswith(
         "parallel.context: tensor x pipeline x context = 256 does not divide the job's 128 ranks"
     )
+
+
+@pytest.mark.parametrize("word", ["3", "0.5", "and"])
+def test_a_word_the_shell_split_from_a_value_is_named_with_a_form_that_reads(word):
+    """`data.where=score >= 3` unquoted: the shell passes `data.where=score` and `3` (and
+    redirects to a file named `=`); the stray word is named, with a quoted form Hydra reads."""
+    import shlex
+
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    from pipeline.config import overrides
+
+    with pytest.raises(ConfigError) as error:
+        overrides.for_hydra(word)
+    line = str(error.value)
+    assert line.startswith(f"{word}: not an override (KEY=VALUE)") and "\n" not in line
+    [suggested] = shlex.split(line.rsplit("e.g. ", 1)[1])
+    assert OverridesParser.create().parse_overrides([suggested])[0].value() == "score >= 3"
+    assert overrides.for_hydra("~data.where") == "~data.where"  # a deletion has no value
