@@ -40,6 +40,14 @@ class PositionEmbedding(Choice):
     learned_absolute = "learned_absolute"
 
 
+class Router(Choice):
+    """How a mixture-of-experts router keeps its experts evenly loaded."""
+
+    aux_loss = "aux_loss"  # the Switch/GShard load-balancing loss over the micro-batch
+    seq_aux_loss = "seq_aux_loss"  # the same loss per sequence (DeepSeek-V2/V3)
+    aux_loss_free = "aux_loss_free"  # no loss: a per-expert bias nudged each step (DeepSeek-V3)
+
+
 class LrDecayStyle(Choice):
     cosine = "cosine"
     linear = "linear"

@@ -154,9 +154,8 @@ def settings(section: Any, prefix: str, apart: tuple[str, ...] = ()) -> dict[str
     """What an output made from a config section depends on: its keys that are settings (not
     Role.NOT_SETTING) as dotted keys, e.g. {"model.hidden_size": 128, ...}; `apart`: names a
     step records in a form of its own."""
-    values = dataclasses.asdict(section)
     return {
-        f"{prefix}.{found.name}": plain(values[found.name])
+        f"{prefix}.{found.name}": plain(value_at(section, found.name))
         for found in leaves(section)
         if found.info is not None
         and found.info.role is not Role.NOT_SETTING

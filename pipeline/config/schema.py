@@ -34,7 +34,7 @@ from pipeline.config.choices import AUTO
 from pipeline.config.keys import command
 from pipeline.config.sections.cluster import ClusterConfig
 from pipeline.config.sections.data import DataConfig, SourceConfig, TokenizerConfig
-from pipeline.config.sections.model import ModelConfig, ParallelConfig
+from pipeline.config.sections.model import ModelConfig, MoeConfig, ParallelConfig
 from pipeline.config.sections.resilience import ResilienceConfig
 from pipeline.config.sections.results import EvalConfig, ExportConfig
 from pipeline.config.sections.tracking import LoggingConfig, MlflowConfig, WandbConfig
@@ -52,6 +52,7 @@ __all__ = [
     "LoggingConfig",
     "MlflowConfig",
     "ModelConfig",
+    "MoeConfig",
     "ParallelConfig",
     "PipelineConfig",
     "ResilienceConfig",

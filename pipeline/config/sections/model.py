@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from omegaconf import MISSING
@@ -12,6 +12,38 @@ from pipeline.config import rules as r
 from pipeline.config.choices import AUTO
 from pipeline.config.keys import OUTPUT, command, key
 from pipeline.config.rules import AT_LEAST_ONE, FRACTION, POSITIVE
+
+
+@dataclass
+class MoeConfig:
+    """Mixture of experts: each MLP becomes `experts` MLPs, of which a router picks `top_k`
+    per token. experts=0 is a dense model, and then no other key here is read."""
+
+    experts: int = key(0, OUTPUT, "experts per MoE layer; 0: a dense model", rule=r.NOT_NEGATIVE)
+    top_k: int = key(2, OUTPUT, "experts each token is sent to", rule=AT_LEAST_ONE)
+    ffn_hidden_size: int | None = key(
+        None, OUTPUT, "each expert's MLP width; none: model.ffn_hidden_size", rule=AT_LEAST_ONE
+    )
+    shared_expert_ffn_hidden_size: int = key(
+        0,
+        OUTPUT,
+        "an MLP every token passes through besides its experts; 0: none",
+        rule=r.NOT_NEGATIVE,
+    )
+    router: c.Router = key(c.Router.aux_loss, OUTPUT, "how the experts' load is balanced")
+    aux_loss_coeff: float = key(
+        1e-2, OUTPUT, "the load-balancing loss's weight", rule=r.NOT_NEGATIVE
+    )
+    z_loss_coeff: float = key(
+        0.0, OUTPUT, "the router z-loss's weight; 0: none", rule=r.NOT_NEGATIVE
+    )
+    # none: dropless, every token reaches its experts however uneven the load
+    capacity_factor: float | None = key(
+        None, OUTPUT, "tokens an expert takes, x its even share; none: dropless", rule=POSITIVE
+    )
+    first_dense_layers: int = key(
+        0, OUTPUT, "the first layers keep a dense MLP (DeepSeek-V3: 3)", rule=r.NOT_NEGATIVE
+    )
 
 
 @dataclass
@@ -44,6 +76,7 @@ class ModelConfig:
     make_vocab_size_divisible_by: int = key(
         128, OUTPUT, "pad the vocabulary to a multiple", rule=AT_LEAST_ONE
     )
+    moe: MoeConfig = field(default_factory=MoeConfig)
     # unless tokenizer.model is given, its tokenizer.model too (continued pretraining)
     init_from: str | None = key(
         None,
@@ -97,6 +130,15 @@ class ParallelConfig:
     )
     account_for_loss: bool = command(
         False, "the last pipeline stage counts the output layer and loss as a layer"
+    )
+    # experts shared out over this many ranks of each data-parallel group (expert weights and
+    # their optimizer state are split, the rest replicated as before)
+    expert: int = command(
+        1, "expert-parallel size, inside data parallelism (MoE models)", rule=AT_LEAST_ONE
+    )
+    # none: parallel.tensor, as megatron-core does
+    expert_tensor: int | None = command(
+        None, "tensor-parallel size of each expert; none: parallel.tensor", rule=AT_LEAST_ONE
     )
     # planned and estimated; training with it needs Transformer Engine on several GPUs
     context: int = command(
