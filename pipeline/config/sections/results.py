@@ -35,8 +35,28 @@ class EvalConfig:
         rule=r.EXTRA_SET_NAMES,
     )
     all_checkpoints: bool = key(False, OUTPUT, "the test loss of every kept checkpoint too")
-    # run only if lm_eval is installed and their data is local
+    # lm-evaluation-harness tasks, each scored in a job of its own (pipeline.evaluation.harness)
     harness_tasks: list[str] = key(role=OUTPUT, help="lm-evaluation-harness tasks", factory=list)
+    # while training runs: every N-th kept checkpoint scored by its own job, which training
+    # does not wait for; the final checkpoint is scored after training in any case
+    harness_every: int = key(
+        0,
+        OUTPUT,
+        "score every N-th kept checkpoint on the tasks; 0: after training only",
+        rule=NOT_NEGATIVE,
+    )
+    # folders of task YAMLs with their data on local disk: compute nodes often have no network
+    task_paths: list[str] = key(
+        role=OUTPUT, help="folders of task YAMLs the harness reads besides its own", factory=list
+    )
+    # tasks' data fetched once on submission (from a login node with network), read offline
+    cache_dir: str | None = key(
+        None, NOT_SETTING, "the tasks' data cache; none: WORKDIR/eval/cache"
+    )
+    # none: the lowest validation loss; TASK/METRIC (hellaswag/acc_norm): the best score
+    select_by: str | None = key(
+        None, OUTPUT, "the best checkpoint by a task's metric (TASK/METRIC); none: validation loss"
+    )
 
 
 @dataclass
