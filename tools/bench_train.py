@@ -191,12 +191,13 @@ def llama_config(model: str):
     )
 
 
-def flops_per_token(model: str) -> float:
+def flops_per_token(model: str, vocab: int = VOCAB) -> float:
+    """Megatron-LM's training FLOPs per token (a MoE model's by its active experts)."""
     from pipeline.config import compose
     from pipeline.model.flops import flops_per_sequence
 
     cfg = compose("/tmp/unused", f"model={model}", f"model.seq_length={SEQ}", check=False)
-    return flops_per_sequence(cfg.model, VOCAB, cfg.parallel.tensor) / SEQ
+    return flops_per_sequence(cfg.model, vocab, cfg.parallel.tensor) / SEQ
 
 
 def _summary(model: str, step_seconds: list[float], micro: int, mem: float) -> dict:

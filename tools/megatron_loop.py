@@ -1,9 +1,13 @@
 """A hand-written megatron-core training loop, the way a Megatron-LM user writes one, as the
 baseline of tools/bench_train.py: GPTModel with Transformer Engine's layer spec, bf16 with
 megatron-core's DDP and distributed optimizer, its fused kernels (RoPE, cross-entropy, bias
-fusions), no pipeline code beyond the model's shape. One GPU; random tokens.
+fusions), no pipeline code beyond the model's shape. One GPU; random tokens. A mixture-of-experts
+preset (model.moe.experts > 0) gets the MoE layer as megatron-core's fastest single-GPU recipe
+has it: TE grouped GEMM, the alltoall dispatcher, the fused permute and router kernels
+(--no-moe-fusions: without the two fusions).
 
     python tools/megatron_loop.py --model gpt-1.3b --micro-batch 16 --accumulation 4
+    python tools/megatron_loop.py --model moe-3.7b --micro-batch 16 --accumulation 4 --vocab 50304
 
 Prints one JSON line: the median step time after warm-up, tokens/s, TFLOP/s and MFU
 (Megatron-LM's FLOP formula; peak 989 TFLOP/s in bf16, 1979 in fp8), peak memory.
@@ -37,7 +41,26 @@ def _apex_fusion() -> bool:
     return True
 
 
-def build(model_name: str, precision: str):
+def _moe(m, fusions: bool) -> dict:
+    """TransformerConfig's MoE fields for a preset with experts; {} for a dense one."""
+    if not m.moe.experts:
+        return {}
+    from pipeline.model.sizes import ffn_hidden_size
+
+    return dict(
+        num_moe_experts=m.moe.experts,
+        moe_router_topk=m.moe.top_k,
+        moe_ffn_hidden_size=m.moe.ffn_hidden_size or ffn_hidden_size(m),
+        moe_router_load_balancing_type="aux_loss",
+        moe_aux_loss_coeff=m.moe.aux_loss_coeff,
+        moe_grouped_gemm=True,
+        moe_token_dispatcher_type="alltoall",
+        moe_permute_fusion=fusions,
+        moe_router_fusion=fusions,
+    )
+
+
+def build(model_name: str, precision: str, vocab: int = VOCAB, moe_fusions: bool = True):
     import torch
     import torch.nn.functional as F
     from megatron.core.models.gpt import GPTModel
@@ -73,11 +96,15 @@ def build(model_name: str, precision: str):
         cross_entropy_fusion_impl="te",
         gradient_accumulation_fusion=_apex_fusion(),
         **fp8,
+        **_moe(m, moe_fusions),
+    )
+    spec = get_gpt_layer_with_transformer_engine_spec(
+        num_experts=m.moe.experts or None, moe_grouped_gemm=bool(m.moe.experts)
     )
     return GPTModel(
         config=config,
-        transformer_layer_spec=get_gpt_layer_with_transformer_engine_spec(),
-        vocab_size=VOCAB,
+        transformer_layer_spec=spec,
+        vocab_size=vocab,
         max_sequence_length=SEQ,
         share_embeddings_and_output_weights=not m.untie_embeddings,
         position_embedding_type=m.position_embedding,
@@ -85,7 +112,16 @@ def build(model_name: str, precision: str):
     ).cuda()
 
 
-def train(model_name: str, micro: int, accumulation: int, steps: int, warmup: int, precision):
+def train(
+    model_name: str,
+    micro: int,
+    accumulation: int,
+    steps: int,
+    warmup: int,
+    precision: str,
+    vocab: int = VOCAB,
+    moe_fusions: bool = True,
+):
     import torch
     import torch.distributed as dist
     from megatron.core import parallel_state, tensor_parallel
@@ -104,7 +140,7 @@ def train(model_name: str, micro: int, accumulation: int, steps: int, warmup: in
     dist.init_process_group("nccl", rank=0, world_size=1)
     parallel_state.initialize_model_parallel(1, 1)
     tensor_parallel.model_parallel_cuda_manual_seed(1234)
-    net = build(model_name, precision)
+    net = build(model_name, precision, vocab, moe_fusions)
     config = net.config
     ddp = DistributedDataParallelConfig(grad_reduce_in_fp32=True, use_distributed_optimizer=True)
     model = DistributedDataParallel(config, ddp, Float16Module(config, net))
@@ -125,7 +161,7 @@ def train(model_name: str, micro: int, accumulation: int, steps: int, warmup: in
 
     def batches():
         while True:
-            tokens = torch.randint(0, VOCAB, (micro, SEQ + 1), device="cuda")
+            tokens = torch.randint(0, vocab, (micro, SEQ + 1), device="cuda")
             yield tokens[:, :-1], tokens[:, 1:]
 
     def forward_step(data, model):
@@ -166,14 +202,19 @@ def main() -> None:
     parser.add_argument("--precision", choices=["bf16", "fp8"], default="bf16")
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--vocab", type=int, default=VOCAB)
+    parser.add_argument(
+        "--no-moe-fusions", action="store_true", help="MoE without fused permute and router"
+    )
     args = parser.parse_args()
     from tools.bench_train import flops_per_token
 
     times, peak = train(args.model, args.micro_batch, args.accumulation, args.steps,
-                        args.warmup, args.precision)  # fmt: skip
+                        args.warmup, args.precision, args.vocab,
+                        not args.no_moe_fusions)  # fmt: skip
     seconds = statistics.median(times)
     tokens = args.micro_batch * args.accumulation * SEQ / seconds
-    tflops = tokens * flops_per_token(args.model) / 1e12
+    tflops = tokens * flops_per_token(args.model, args.vocab) / 1e12
     # MFU against the precision's own peak, as the training stage reports it
     print(json.dumps({"step_s": seconds, "tokens_per_s": tokens, "tflops_per_gpu": tflops,
                       "mfu": tflops / PEAK_TFLOPS[args.precision], "peak_mem_gib": peak,
