@@ -226,7 +226,7 @@ def _check_time_limit(cfg: PipelineConfig, plan: Plan) -> None:
     # written once and hashed once by its writer; in the background, a save already in flight
     # when the signal comes is finished first
     writes = 3 if t.async_save else 2
-    saved = checkpoint_bytes(plan.parameters["total"], t.precision)
+    saved = checkpoint_bytes(plan.figures.parameters["total"], t.precision)
     save_s = writes * saved / (c.checkpoint_write_gbps * 1e9)
     step_s = plan.step["step_s"] if plan.on_gpu and plan.gpu is not None else 0.0
     need = save_s + step_s + SAVE_MARGIN_S
@@ -274,7 +274,7 @@ def _check_resume_layout(cfg: PipelineConfig, plan: Plan) -> None:
             "account_for_embedding": cfg.parallel.account_for_embedding,
             "account_for_loss": cfg.parallel.account_for_loss,
             "backend": backend_names.for_training(cfg),
-            "padded_vocab_size": plan.parameters["padded_vocab"],
+            "padded_vocab_size": plan.figures.padded_vocab,
         },
     )
     if problem:

@@ -15,15 +15,13 @@ import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from types import MappingProxyType
 
 from pipeline.config import PipelineConfig
 from pipeline.config.derived import trains_on_gpu
 from pipeline.core import files
 from pipeline.core.paths import RunPaths
 from pipeline.data import datasets
-from pipeline.model.flops import flops_per_sequence
-from pipeline.model.parameters import parameter_count
+from pipeline.model.figures import ModelFigures
 from pipeline.planning import hardware, run_gpu, search
 from pipeline.planning.hardware import Hardware
 from pipeline.planning.parallel_layout import ParallelLayout
@@ -44,9 +42,8 @@ class Plan:
     hardware: Hardware  # the GPU and fabric of `step` (H100's, assumed, where gpu is None)
     reasons: str | None  # what the auto values became, and why (train.auto_choice)
     on_gpu: bool  # whether the training job is meant for GPUs (derived.trains_on_gpu)
-    # one replica's parameters with the vocabulary padded for the layout (parameter_count)
-    parameters: Mapping[str, int]
-    flops_per_sequence: float  # Megatron-LM's forward and backward FLOPs of one sequence
+    # the model's parameters, padded vocabulary and FLOPs for the layout, as the estimates read
+    figures: ModelFigures
 
     @property
     def fits(self) -> bool | None:
@@ -80,20 +77,19 @@ def make(cfg: PipelineConfig, vocab: tuple[int, str] | None = None) -> Plan:
     layout = ParallelLayout.of(cfg)
     gpu = run_gpu.of(cfg)
     hw = hardware.of(cfg, (gpu or run_gpu.ASSUMED).name)
-    figures = search.estimate(cfg.model, vocab_size, layout, hw)  # the auto search's, if made
+    estimate = search.estimate(cfg.model, vocab_size, layout, hw)  # the auto search's, if made
     return Plan(
         model=cfg.model.name,
         vocab_size=vocab_size,
         vocab_source=source,
         layout=layout,
-        memory=figures.memory,
-        step=figures.throughput,
+        memory=estimate.memory,
+        step=estimate.throughput,
         gpu=gpu,
         hardware=hw,
         reasons=cfg.train.auto_choice,
         on_gpu=on_gpu,
-        parameters=MappingProxyType(parameter_count(cfg.model, vocab_size, layout.tensor)),
-        flops_per_sequence=flops_per_sequence(cfg.model, vocab_size, layout.tensor),
+        figures=estimate.figures,
     )
 
 
