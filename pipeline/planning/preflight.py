@@ -79,7 +79,7 @@ def check_export(cfg: PipelineConfig) -> None:
 def check_init_from(cfg: PipelineConfig, plan: Plan) -> None:
     """model.init_from is a Llama of this run's model shape, with an embedding row for every
     piece of the tokenizer and no more than the padded vocabulary holds."""
-    vocab_size = plan.vocab_size
+    vocab_size = plan.data.vocab_size
     folder = Path(cfg.model.init_from)
     hf = hf_files.read_config(folder)
     differs = architectures.mismatch(cfg.model, hf)
@@ -161,9 +161,10 @@ def _check_processes(cfg: PipelineConfig) -> None:
         )
 
 
-def check_epochs(cfg: PipelineConfig) -> None:
-    """A training budget that would read a source more than data.max_epochs times."""
-    problem = mixture.too_many_epochs(cfg)
+def check_epochs(cfg: PipelineConfig, plan: Plan) -> None:
+    """A training budget that would read a source more than data.max_epochs times, by the
+    plan's training tokens."""
+    problem = mixture.too_many_epochs(cfg, plan.data.train_tokens)
     if problem:
         raise ConfigError(problem)
 
@@ -197,7 +198,7 @@ def _check_fits(cfg: PipelineConfig, plan: Plan) -> None:
     ranks = world_size(cfg.cluster)
     per_node = cfg.cluster.gpus_per_node
     found = search_layouts(
-        cfg, plan.vocab_size, ranks, 0, per_node, plan.hardware, capacity=capacity
+        cfg, plan.data.vocab_size, ranks, 0, per_node, plan.hardware, capacity=capacity
     )
     if found.feasible:
         lo = found.feasible[0].layout

@@ -64,7 +64,7 @@ def summary_lines(cfg: PipelineConfig, plan: Plan) -> list[str]:
         f"[plan] {tokens_per_step(cfg):,} tokens/step x {steps} steps = "
         f"{count(tokens_per_step(cfg) * steps)} tokens",
         *_speed_lines(plan),
-        *mixture.plan_lines(cfg),
+        *mixture.plan_lines(cfg, plan.data.train_tokens),
         *_watchdog_lines(cfg),
     ]
 
@@ -105,7 +105,7 @@ def _speed_lines(plan: Plan) -> list[str]:
 
 
 def _parameter_lines(cfg: PipelineConfig, plan: Plan) -> list[str]:
-    m, figures, vocab_size, source = cfg.model, plan.figures, plan.vocab_size, plan.vocab_source
+    m, figures, data = cfg.model, plan.figures, plan.data
     c = figures.parameters
     groups = m.num_query_groups or m.num_attention_heads
     position = f" + {count(c['position_embedding'])} positions" if c["position_embedding"] else ""
@@ -114,7 +114,7 @@ def _parameter_lines(cfg: PipelineConfig, plan: Plan) -> list[str]:
         f"Model {m.name}: {m.num_layers} layers, hidden {m.hidden_size}, "
         f"{m.num_attention_heads} heads ({groups} query groups), FFN {figures.ffn_hidden_size} "
         f"{m.activation}, {m.normalization}, {m.position_embedding}; sequence {m.seq_length}",
-        f"Vocabulary: {vocab_size} ({source}), padded to {c['padded_vocab']}",
+        f"Vocabulary: {data.vocab_size} ({data.vocab_source}), padded to {c['padded_vocab']}",
         f"Parameters: {count(c['total'])} ({c['total']:,})",
         f"  embedding     {count(c['embedding']):>9}  ({c['padded_vocab']} x {m.hidden_size}"
         f"{position})",
@@ -294,7 +294,7 @@ def _search_lines(
 def plan_lines(cfg: PipelineConfig, plan: Plan, options: PlanOptions) -> list[str]:
     """The whole plan for a validated config, as lines to print; every figure for the run's
     GPU (a CPU run's only when one is named)."""
-    vocab_size, layout, gpu = plan.vocab_size, plan.layout, plan.gpu
+    vocab_size, layout, gpu = plan.data.vocab_size, plan.layout, plan.gpu
     flops = plan.figures.flops_per_sequence
     lines = _parameter_lines(cfg, plan)
     lines.append(
@@ -308,7 +308,9 @@ def plan_lines(cfg: PipelineConfig, plan: Plan, options: PlanOptions) -> list[st
     lines += _memory_lines(cfg, plan)
     lines += _activation_table(cfg, layout)
     lines += _time_lines(cfg, plan, options)
-    lines += [line.removeprefix("[plan] ") for line in mixture.plan_lines(cfg)]
+    lines += [
+        line.removeprefix("[plan] ") for line in mixture.plan_lines(cfg, plan.data.train_tokens)
+    ]
     if options.search:
         gpus = options.gpus or world_size(cfg.cluster)
         per_node = max(1, min(cfg.cluster.gpus_per_node or 8, gpus))

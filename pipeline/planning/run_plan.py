@@ -20,7 +20,8 @@ from pipeline.config import PipelineConfig
 from pipeline.config.derived import trains_on_gpu
 from pipeline.core import files
 from pipeline.core.paths import RunPaths
-from pipeline.data import datasets
+from pipeline.data import summary
+from pipeline.data.summary import DataSummary
 from pipeline.model.figures import ModelFigures
 from pipeline.planning import hardware, run_gpu, search
 from pipeline.planning.hardware import Hardware
@@ -33,8 +34,7 @@ FORMAT = 1  # plan.json's format, raised when a field changes meaning
 @dataclass(frozen=True)
 class Plan:
     model: str
-    vocab_size: int
-    vocab_source: str  # what the vocabulary was read from
+    data: DataSummary  # the vocabulary and the sources' training tokens
     layout: ParallelLayout
     memory: Mapping[str, int]  # bytes on the busiest GPU (or CPU rank), by part
     step: Mapping[str, float]  # one step's expected seconds by part, tokens/s, MFU on `hardware`
@@ -56,8 +56,8 @@ class Plan:
         return {
             "format": FORMAT,
             "model": self.model,
-            "vocab_size": self.vocab_size,
-            "vocab_source": self.vocab_source,
+            "vocab_size": self.data.vocab_size,
+            "vocab_source": self.data.vocab_source,
             "layout": dataclasses.asdict(self.layout),
             "description": self.layout.describe(),
             "memory_bytes": dict(self.memory),
@@ -72,16 +72,15 @@ class Plan:
 def make(cfg: PipelineConfig, vocab: tuple[int, str] | None = None) -> Plan:
     """The plan of a validated config whose auto values are settled; `vocab`: the vocabulary
     size and where it came from, when the caller has it (else read as the run would)."""
-    vocab_size, source = vocab or datasets.vocab_size(cfg)
+    data = summary.of(cfg, vocab)
     on_gpu = trains_on_gpu(cfg)
     layout = ParallelLayout.of(cfg)
     gpu = run_gpu.of(cfg)
     hw = hardware.of(cfg, (gpu or run_gpu.ASSUMED).name)
-    estimate = search.estimate(cfg.model, vocab_size, layout, hw)  # the auto search's, if made
+    estimate = search.estimate(cfg.model, data.vocab_size, layout, hw)  # the auto search's, if made
     return Plan(
         model=cfg.model.name,
-        vocab_size=vocab_size,
-        vocab_source=source,
+        data=data,
         layout=layout,
         memory=estimate.memory,
         step=estimate.throughput,
