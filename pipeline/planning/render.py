@@ -54,7 +54,7 @@ def summary_lines(cfg: PipelineConfig, plan: Plan) -> list[str]:
         f"{key} {memory[key] / GIB:.1f}"
         for key in ("weights", "gradients", "optimizer", "activations", "logits", "overhead")
     )
-    return [
+    lines = [
         f"[plan] {cfg.model.name}: {count(counts['total'])} parameters (embedding "
         f"{count(counts['embedding'])}, output layer {count(counts['output_layer'])}), "
         f"{per_token / 1e9:.2f} GFLOP/token",
@@ -65,13 +65,9 @@ def summary_lines(cfg: PipelineConfig, plan: Plan) -> list[str]:
         f"{count(tokens_per_step(cfg) * steps)} tokens",
         *_speed_lines(plan),
         *mixture.plan_lines(cfg, plan.data.train_tokens),
-        *_watchdog_lines(cfg),
     ]
-
-
-def _watchdog_lines(cfg: PipelineConfig) -> list[str]:
-    line = watchdog.plan_line(cfg.resilience.hang_timeout_s, RunPaths.of(cfg.workdir))
-    return [line] if line else []
+    hang = watchdog.plan_line(cfg.resilience.hang_timeout_s, RunPaths.of(cfg.workdir))
+    return lines + ([hang] if hang else [])
 
 
 def _overlap_lines(cfg: PipelineConfig, layout: ParallelLayout) -> list[str]:
