@@ -16,7 +16,6 @@ from pipeline.core.paths import RunPaths
 from pipeline.data import mixture, rejects, shards
 from pipeline.data.datasets import check_data, load_manifest
 from pipeline.data.tokenizer import load as load_tokenizer
-from pipeline.model.backends import names as backend_names
 from pipeline.model.huggingface import architectures
 from pipeline.model.huggingface import files as hf_files
 from pipeline.model.huggingface import tokenizer as hf_tokenizer
@@ -141,9 +140,8 @@ def check_fp8(cfg: PipelineConfig, gpu: RunGpu | None) -> None:
     """fp8 on the run's GPU (named or found here) needs its fp8 tensor cores."""
     if cfg.train.precision != "fp8" or gpu is None or gpu.assumed:
         return
-    capability = gpus.capability(gpu.name)
-    if capability is not None and capability < gpus.FP8_CAPABILITY:
-        cc = ".".join(map(str, capability))
+    if gpu.capability is not None and gpu.capability < gpus.FP8_CAPABILITY:
+        cc = ".".join(map(str, gpu.capability))
         raise ConfigError(
             f"train.precision: fp8 needs compute capability 8.9 or newer (Ada, Hopper, "
             f"Blackwell); {gpu.name} ({gpu.source}) is {cc}: use bf16"
@@ -274,7 +272,7 @@ def _check_resume_layout(cfg: PipelineConfig, plan: Plan) -> None:
             "virtual_pipeline": cfg.parallel.virtual_pipeline,
             "account_for_embedding": cfg.parallel.account_for_embedding,
             "account_for_loss": cfg.parallel.account_for_loss,
-            "backend": backend_names.for_training(cfg),
+            "backend": plan.backend,
             "padded_vocab_size": plan.figures.padded_vocab,
         },
     )

@@ -22,6 +22,7 @@ from pipeline.core import files
 from pipeline.core.paths import RunPaths
 from pipeline.data import summary
 from pipeline.data.summary import DataSummary
+from pipeline.model.backends import names as backend_names
 from pipeline.model.figures import ModelFigures
 from pipeline.planning import hardware, run_gpu, search
 from pipeline.planning.hardware import Hardware
@@ -42,6 +43,7 @@ class Plan:
     hardware: Hardware  # the GPU and fabric of `step` (H100's, assumed, where gpu is None)
     reasons: str | None  # what the auto values became, and why (train.auto_choice)
     on_gpu: bool  # whether the training job is meant for GPUs (derived.trains_on_gpu)
+    backend: str  # the model backend it trains with (model.backends.names.for_training)
     # the model's parameters, padded vocabulary and FLOPs for the layout, as the estimates read
     figures: ModelFigures
 
@@ -73,6 +75,7 @@ def make(cfg: PipelineConfig, vocab: tuple[int, str] | None = None) -> Plan:
     """The plan of a validated config whose auto values are settled; `vocab`: the vocabulary
     size and where it came from, when the caller has it (else read as the run would)."""
     data = summary.of(cfg, vocab)
+    backend = backend_names.for_training(cfg)
     on_gpu = trains_on_gpu(cfg)
     layout = ParallelLayout.of(cfg)
     gpu = run_gpu.of(cfg)
@@ -88,6 +91,7 @@ def make(cfg: PipelineConfig, vocab: tuple[int, str] | None = None) -> Plan:
         hardware=hw,
         reasons=cfg.train.auto_choice,
         on_gpu=on_gpu,
+        backend=backend,
         figures=estimate.figures,
     )
 
