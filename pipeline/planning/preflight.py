@@ -35,6 +35,8 @@ def check_stage_inputs(cfg: PipelineConfig) -> None:
     """A stage run alone needs the outputs of the stages before it (tokenized data of its
     own, or of the run data.prepared names); tokenized data already there must be of this
     version and hold what the stages read."""
+    if "export" in cfg.stages:  # the model and the export folder first: no data read for them
+        check_export(cfg)
     paths = RunPaths.of(cfg.workdir)
     data = RunPaths.of(cfg.data.prepared) if cfg.data.prepared else paths
     if "tokenize" not in cfg.stages and not data.manifest.exists():
@@ -56,8 +58,6 @@ def check_stage_inputs(cfg: PipelineConfig) -> None:
     named = str(cfg.eval.checkpoint) in ("best", "latest")
     if reads_checkpoint and named and not paths.checkpoints.exists():
         raise ConfigError(f"stages: no checkpoints in {paths.checkpoints}; add train to stages")
-    if "export" in cfg.stages:
-        check_export(cfg)
 
 
 def check_export(cfg: PipelineConfig) -> None:

@@ -12,7 +12,7 @@ from dataclasses import replace
 import pytest
 
 from pipeline.config import ClusterConfig, ConfigError
-from pipeline.data import datasets
+from pipeline.data import datasets, mixture
 from pipeline.model import flops
 from pipeline.model.parameters import layer_params, parameter_count, stage_params
 from pipeline.model.stages import PipelineSplit
@@ -545,6 +545,14 @@ def test_the_launcher_makes_the_plan_once_and_hands_it_down(tmp_path, monkeypatc
 
     monkeypatch.setattr(search, "_ESTIMATES", {})  # figures an earlier test made
     calls = _count_planning_calls(monkeypatch)
+    counted_tokens = []
+    known_train_tokens = mixture.known_train_tokens
+
+    def counted(cfg):
+        counted_tokens.append(cfg.workdir)
+        return known_train_tokens(cfg)
+
+    monkeypatch.setattr(mixture, "known_train_tokens", counted)
     cfg = make_config(  # the auto values' search, then the launcher
         tmp_path,
         *GPU_SLURM,
@@ -560,7 +568,10 @@ def test_the_launcher_makes_the_plan_once_and_hands_it_down(tmp_path, monkeypatc
     # printed plan read them: none made twice
     assert len(calls["memory_per_gpu"]) > 1
     assert calls["memory_per_gpu"].count(layout) == calls["expected_step"].count(layout) == 1
-    assert "[plan] expected on H100" in capsys.readouterr().err
+    # the sources' training tokens are estimated once, for the epoch check and the printed plan
+    assert len(counted_tokens) == 1
+    err = capsys.readouterr().err
+    assert "[plan] expected on H100" in err and "[plan] data: " in err
     assert not run_plan.path(tmp_path).exists()  # a dry run writes nothing
 
 
