@@ -18,7 +18,6 @@ from pipeline.model.stages import EVEN, PipelineSplit
 
 @dataclass(frozen=True)
 class ModelFigures:
-    vocab_size: int  # the tokenizer's pieces
     ffn_hidden_size: int
     padded_vocab: int  # for the tensor-parallel size
     parameters: Mapping[str, int]  # one replica's (parameter_count)
@@ -43,7 +42,6 @@ def of(
     }
     even = (stage_params(m, vocab_size, tensor, pipeline, s) for s in {0, pipeline - 1})
     return ModelFigures(
-        vocab_size=vocab_size,
         ffn_hidden_size=ffn_hidden_size(m),
         padded_vocab=padded_vocab(vocab_size, m, tensor),
         parameters=MappingProxyType(parameter_count(m, vocab_size, tensor)),
