@@ -116,7 +116,8 @@ def planned_memory_gib(overrides: list[str]) -> float:
     from pipeline.planning.parallel_layout import ParallelLayout
 
     cfg = compose("/tmp/unused", *overrides, settle=auto.settle)
-    memory = memory_per_gpu(cfg.model, VOCAB, ParallelLayout.of(cfg))
+    layout = ParallelLayout.of(cfg)
+    memory = memory_per_gpu(cfg.model, layout.model_figures(cfg.model, VOCAB), layout)
     return (memory["total"] - memory["overhead"]) / 2**30
 
 

@@ -98,17 +98,17 @@ def known_train_tokens(cfg: PipelineConfig) -> tuple[dict[str, int], str | None]
         return None
 
 
-def plan_lines(cfg: PipelineConfig) -> list[str]:
-    known = known_train_tokens(cfg)
+def plan_lines(cfg: PipelineConfig, known: tuple[dict[str, int], str | None] | None) -> list[str]:
+    """The plan's lines on the data (`epoch_lines`) of `known_train_tokens`; none without them."""
     return [] if known is None else epoch_lines(cfg, known[0], estimated=known[1])
 
 
 def too_many_epochs(
-    cfg: PipelineConfig, known: tuple[dict[str, int], str | None] | None = None
+    cfg: PipelineConfig, known: tuple[dict[str, int], str | None] | None
 ) -> str | None:
-    """Why the run would read a source more than data.max_epochs times, or None. An estimate
-    refuses only past ESTIMATE_MARGIN times the limit: nearer, the count decides."""
-    known = known or known_train_tokens(cfg)
+    """Why the run would read a source more than data.max_epochs times, or None, by the
+    training tokens `known` (`known_train_tokens`; None: not known). An estimate refuses only
+    past ESTIMATE_MARGIN times the limit: nearer, the count decides."""
     limit = cfg.data.max_epochs * (ESTIMATE_MARGIN if known and known[1] else 1)
     for s in shares_of(cfg, known[0]) if known else []:
         if s.epochs > limit:

@@ -90,11 +90,8 @@ def plan(paths: RunPaths, data: DataConfig) -> list[list[Span]]:
     root = paths.root
     saved = files.read_json_or_none(paths.shard_plan)
     listed = sources.files(paths, data)
-    if (
-        saved is not None
-        and _changed(saved, paths, listed, data)
-        and not _any_shard_made(saved, paths)
-    ):
+    changed = saved is not None and _changed(saved, paths, listed, data)
+    if changed and not _any_shard_made(saved, paths):
         saved = None  # a plan no task has tokenized anything of yet is made again, not kept
     if saved is None:
         if merged := sources.merged_names(paths, data):
@@ -121,7 +118,7 @@ def plan(paths: RunPaths, data: DataConfig) -> list[list[Span]]:
             ],
         }
         files.write_json(paths.shard_plan, saved)
-    elif _changed(saved, paths, listed, data):
+    elif changed:
         raise ConfigError(
             f"data.inputs: the inputs or data.num_shards changed since {paths.shard_plan} was "
             "planned; use a new workdir (or force=tokenize) to tokenize a different corpus"

@@ -102,7 +102,7 @@ def refusals(cfg: PipelineConfig) -> tuple[PipelineConfig, Plan | None]:
     plan = run_plan.make(cfg) if "train" in cfg.stages else None
     if plan is not None:
         preflight.check_training(cfg, plan)
-        preflight.check_epochs(cfg)
+        preflight.check_epochs(cfg, plan)
     return cfg, plan
 
 

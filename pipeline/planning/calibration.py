@@ -143,7 +143,7 @@ def capacity(hw: Hardware) -> int:
 
 def memory_need(row: Row, layout: ParallelLayout) -> int:
     """Bytes on the busiest GPU by the memory estimate."""
-    return memory_per_gpu(row.model, row.vocab, layout)["total"]
+    return memory_per_gpu(row.model, layout.model_figures(row.model, row.vocab), layout)["total"]
 
 
 def fits(row: Row, layout: ParallelLayout) -> bool:
@@ -176,7 +176,8 @@ def completed(row: Row, constants: Constants = CONSTANTS) -> ParallelLayout:
                 )
                 if not fits(row, option):
                     continue
-                speed = expected_step(row.model, row.vocab, option, row.hardware, constants)
+                figures = option.model_figures(row.model, row.vocab)
+                speed = expected_step(row.model, figures, option, row.hardware, constants)
                 if best is None or speed["tokens_per_s_per_gpu"] > best[0]:
                     best = (speed["tokens_per_s_per_gpu"], option)
     return best[1] if best else lo
@@ -184,7 +185,8 @@ def completed(row: Row, constants: Constants = CONSTANTS) -> ParallelLayout:
 
 def predict(row: Row, constants: Constants = CONSTANTS) -> float:
     layout = completed(row, constants)
-    return expected_step(row.model, row.vocab, layout, row.hardware, constants)[
+    figures = layout.model_figures(row.model, row.vocab)
+    return expected_step(row.model, figures, layout, row.hardware, constants)[
         "tokens_per_s_per_gpu"
     ]
 

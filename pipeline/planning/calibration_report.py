@@ -55,7 +55,8 @@ def report_lines(choices: bool = True) -> tuple[list[str], bool]:
     ]
     for row in rows:
         layout = v.completed(row)
-        predicted = expected_step(row.model, row.vocab, layout, row.hardware)
+        figures = layout.model_figures(row.model, row.vocab)
+        predicted = expected_step(row.model, figures, layout, row.hardware)
         error = predicted["tokens_per_s_per_gpu"] / row.published - 1
         mark = ("" if row.role == "fit" else " h") + ("" if row.complete else " *")
         lines.append(

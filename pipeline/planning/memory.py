@@ -7,11 +7,12 @@ for backward. tests/gpu compares these with torch.cuda.max_memory_allocated().""
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import replace
 
 from pipeline.config import ModelConfig
-from pipeline.model.parameters import stage_params
-from pipeline.model.sizes import ffn_hidden_size, padded_vocab
+from pipeline.model.figures import ModelFigures
+from pipeline.model.sizes import ffn_hidden_size
 from pipeline.planning.parallel_layout import ParallelLayout
 from pipeline.planning.units import GIB
 
@@ -116,7 +117,7 @@ def logits_bytes(m: ModelConfig, padded: int, layout: ParallelLayout) -> int:
     return math.ceil(final_norm + per_logit * s * b * vocab + backward)
 
 
-def static_bytes(params: dict[str, int], layout: ParallelLayout) -> dict[str, int]:
+def static_bytes(params: Mapping[str, int], layout: ParallelLayout) -> dict[str, int]:
     """Weights, gradients and optimizer state of a GPU holding `params`.
 
     Mixed precision (bf16/fp16/fp8): bf16 weights, fp32 main gradients (megatron-core's DDP with
@@ -139,17 +140,14 @@ def static_bytes(params: dict[str, int], layout: ParallelLayout) -> dict[str, in
 
 
 def stage_memory(
-    m: ModelConfig, vocab_size: int, layout: ParallelLayout, stage: int
+    m: ModelConfig, figures: ModelFigures, layout: ParallelLayout, stage: int
 ) -> dict[str, int]:
-    split = layout.pipeline_split
-    params = stage_params(m, vocab_size, layout.tensor, layout.pipeline, stage, split)
-    padded = padded_vocab(vocab_size, m, layout.tensor)
-    memory = static_bytes(params, layout)
+    memory = static_bytes(figures.stages[stage], layout)
     per_micro_batch = stage_activations(m, layout, stage=stage)
     in_flight = micro_batches_in_flight(layout, stage)
     memory["activations"] = math.ceil(per_micro_batch * in_flight)
     last = stage == layout.pipeline - 1
-    memory["logits"] = logits_bytes(m, padded, layout) if last else 0
+    memory["logits"] = logits_bytes(m, figures.padded_vocab, layout) if last else 0
     # full recompute: the layer being recomputed holds its whole working set again
     memory["working"] = layer_activations(m, layout, "none") if layout.recompute == "full" else 0
     memory["overhead"] = FIXED_OVERHEAD_BYTES
@@ -159,15 +157,14 @@ def stage_memory(
     return memory
 
 
-def memory_per_gpu(m: ModelConfig, vocab_size: int, layout: ParallelLayout) -> dict[str, int]:
+def memory_per_gpu(m: ModelConfig, figures: ModelFigures, layout: ParallelLayout) -> dict[str, int]:
     """Peak bytes on the busiest GPU (the first or the last pipeline stage): weights, gradients,
     optimizer, activations (micro-batches in flight), logits, recompute working set, overhead,
     total; with activations_per_micro_batch and the stage it describes. total - overhead is
     what torch.cuda.max_memory_allocated() should report. Context parallelism splits each
     sequence over layout.context GPUs; with the embedding counted as a layer, the second stage
-    holds a whole share of layers and nearly as many micro-batches as the first."""
+    holds a whole share of layers and nearly as many micro-batches as the first. `figures`:
+    the model's for this layout's tensor and pipeline split (pipeline.model.figures)."""
     local = replace(m, seq_length=m.seq_length // layout.context)
     stages = {0, min(1, layout.pipeline - 1), layout.pipeline - 1}
-    return max(
-        (stage_memory(local, vocab_size, layout, s) for s in stages), key=lambda m: m["total"]
-    )
+    return max((stage_memory(local, figures, layout, s) for s in stages), key=lambda m: m["total"])

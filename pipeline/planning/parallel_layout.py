@@ -5,13 +5,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pipeline.config import PipelineConfig
+from pipeline.config import ModelConfig, PipelineConfig
 from pipeline.config.derived import (
     data_parallel_size,
     sequence_parallel,
     settled,
     trains_on_gpu,
 )
+from pipeline.model import figures
+from pipeline.model.figures import ModelFigures
 from pipeline.model.stages import EVEN, PipelineSplit
 
 
@@ -74,6 +76,10 @@ class ParallelLayout:
             precision=t.precision,
             fused_kernels=trains_on_gpu(cfg),
         )
+
+    def model_figures(self, m: ModelConfig, vocab_size: int) -> ModelFigures:
+        """The model's figures for this layout's tensor and pipeline split."""
+        return figures.of(m, vocab_size, self.tensor, self.pipeline, self.pipeline_split)
 
     def describe(self) -> str:
         vp = f" (x{self.virtual_pipeline} virtual)" if self.virtual_pipeline else ""

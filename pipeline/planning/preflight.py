@@ -16,7 +16,6 @@ from pipeline.core.paths import RunPaths
 from pipeline.data import mixture, rejects, shards
 from pipeline.data.datasets import check_data, load_manifest
 from pipeline.data.tokenizer import load as load_tokenizer
-from pipeline.model.backends import names as backend_names
 from pipeline.model.huggingface import architectures
 from pipeline.model.huggingface import files as hf_files
 from pipeline.model.huggingface import tokenizer as hf_tokenizer
@@ -36,6 +35,8 @@ def check_stage_inputs(cfg: PipelineConfig) -> None:
     """A stage run alone needs the outputs of the stages before it (tokenized data of its
     own, or of the run data.prepared names); tokenized data already there must be of this
     version and hold what the stages read."""
+    if "export" in cfg.stages:  # the model and the export folder first: no data read for them
+        check_export(cfg)
     paths = RunPaths.of(cfg.workdir)
     data = RunPaths.of(cfg.data.prepared) if cfg.data.prepared else paths
     if "tokenize" not in cfg.stages and not data.manifest.exists():
@@ -57,8 +58,6 @@ def check_stage_inputs(cfg: PipelineConfig) -> None:
     named = str(cfg.eval.checkpoint) in ("best", "latest")
     if reads_checkpoint and named and not paths.checkpoints.exists():
         raise ConfigError(f"stages: no checkpoints in {paths.checkpoints}; add train to stages")
-    if "export" in cfg.stages:
-        check_export(cfg)
 
 
 def check_export(cfg: PipelineConfig) -> None:
@@ -79,7 +78,7 @@ def check_export(cfg: PipelineConfig) -> None:
 def check_init_from(cfg: PipelineConfig, plan: Plan) -> None:
     """model.init_from is a Llama of this run's model shape, with an embedding row for every
     piece of the tokenizer and no more than the padded vocabulary holds."""
-    vocab_size = plan.vocab_size
+    vocab_size = plan.data.vocab_size
     folder = Path(cfg.model.init_from)
     hf = hf_files.read_config(folder)
     differs = architectures.mismatch(cfg.model, hf)
@@ -141,9 +140,8 @@ def check_fp8(cfg: PipelineConfig, gpu: RunGpu | None) -> None:
     """fp8 on the run's GPU (named or found here) needs its fp8 tensor cores."""
     if cfg.train.precision != "fp8" or gpu is None or gpu.assumed:
         return
-    capability = gpus.capability(gpu.name)
-    if capability is not None and capability < gpus.FP8_CAPABILITY:
-        cc = ".".join(map(str, capability))
+    if gpu.capability is not None and gpu.capability < gpus.FP8_CAPABILITY:
+        cc = ".".join(map(str, gpu.capability))
         raise ConfigError(
             f"train.precision: fp8 needs compute capability 8.9 or newer (Ada, Hopper, "
             f"Blackwell); {gpu.name} ({gpu.source}) is {cc}: use bf16"
@@ -161,9 +159,10 @@ def _check_processes(cfg: PipelineConfig) -> None:
         )
 
 
-def check_epochs(cfg: PipelineConfig) -> None:
-    """A training budget that would read a source more than data.max_epochs times."""
-    problem = mixture.too_many_epochs(cfg)
+def check_epochs(cfg: PipelineConfig, plan: Plan) -> None:
+    """A training budget that would read a source more than data.max_epochs times, by the
+    plan's training tokens."""
+    problem = mixture.too_many_epochs(cfg, plan.data.train_tokens)
     if problem:
         raise ConfigError(problem)
 
@@ -197,7 +196,7 @@ def _check_fits(cfg: PipelineConfig, plan: Plan) -> None:
     ranks = world_size(cfg.cluster)
     per_node = cfg.cluster.gpus_per_node
     found = search_layouts(
-        cfg, plan.vocab_size, ranks, 0, per_node, plan.hardware, capacity=capacity
+        cfg, plan.data.vocab_size, ranks, 0, per_node, plan.hardware, capacity=capacity
     )
     if found.feasible:
         lo = found.feasible[0].layout
@@ -226,7 +225,7 @@ def _check_time_limit(cfg: PipelineConfig, plan: Plan) -> None:
     # written once and hashed once by its writer; in the background, a save already in flight
     # when the signal comes is finished first
     writes = 3 if t.async_save else 2
-    saved = checkpoint_bytes(plan.parameters["total"], t.precision)
+    saved = checkpoint_bytes(plan.figures.parameters["total"], t.precision)
     save_s = writes * saved / (c.checkpoint_write_gbps * 1e9)
     step_s = plan.step["step_s"] if plan.on_gpu and plan.gpu is not None else 0.0
     need = save_s + step_s + SAVE_MARGIN_S
@@ -273,8 +272,8 @@ def _check_resume_layout(cfg: PipelineConfig, plan: Plan) -> None:
             "virtual_pipeline": cfg.parallel.virtual_pipeline,
             "account_for_embedding": cfg.parallel.account_for_embedding,
             "account_for_loss": cfg.parallel.account_for_loss,
-            "backend": backend_names.for_training(cfg),
-            "padded_vocab_size": plan.parameters["padded_vocab"],
+            "backend": plan.backend,
+            "padded_vocab_size": plan.figures.padded_vocab,
         },
     )
     if problem:

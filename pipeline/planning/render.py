@@ -11,8 +11,6 @@ from pipeline.config.choices import RECOMPUTE_MODES
 from pipeline.config.derived import world_size
 from pipeline.core.paths import RunPaths
 from pipeline.data import mixture
-from pipeline.model.parameters import stage_params
-from pipeline.model.sizes import ffn_hidden_size
 from pipeline.planning import hardware, run_gpu
 from pipeline.planning.hardware import Hardware
 from pipeline.planning.memory import (
@@ -48,15 +46,15 @@ def summary_lines(cfg: PipelineConfig, plan: Plan) -> list[str]:
     """A few lines for the launcher to print before it submits: parameters, FLOPs, the plan's
     per-GPU memory, tokens per step, its expected speed on the run's GPU."""
     layout, memory = plan.layout, plan.memory
-    counts = plan.parameters
+    counts = plan.figures.parameters
     where = "GPU" if layout.fused_kernels else "rank"
-    per_token = plan.flops_per_sequence / cfg.model.seq_length
+    per_token = plan.figures.flops_per_sequence / cfg.model.seq_length
     steps = cfg.train.steps
     parts = ", ".join(
         f"{key} {memory[key] / GIB:.1f}"
         for key in ("weights", "gradients", "optimizer", "activations", "logits", "overhead")
     )
-    return [
+    lines = [
         f"[plan] {cfg.model.name}: {count(counts['total'])} parameters (embedding "
         f"{count(counts['embedding'])}, output layer {count(counts['output_layer'])}), "
         f"{per_token / 1e9:.2f} GFLOP/token",
@@ -66,14 +64,10 @@ def summary_lines(cfg: PipelineConfig, plan: Plan) -> list[str]:
         f"[plan] {tokens_per_step(cfg):,} tokens/step x {steps} steps = "
         f"{count(tokens_per_step(cfg) * steps)} tokens",
         *_speed_lines(plan),
-        *mixture.plan_lines(cfg),
-        *_watchdog_lines(cfg),
+        *mixture.plan_lines(cfg, plan.data.train_tokens),
     ]
-
-
-def _watchdog_lines(cfg: PipelineConfig) -> list[str]:
-    line = watchdog.plan_line(cfg.resilience.hang_timeout_s, RunPaths.of(cfg.workdir))
-    return [line] if line else []
+    hang = watchdog.plan_line(cfg.resilience.hang_timeout_s, RunPaths.of(cfg.workdir))
+    return lines + ([hang] if hang else [])
 
 
 def _overlap_lines(cfg: PipelineConfig, layout: ParallelLayout) -> list[str]:
@@ -107,15 +101,16 @@ def _speed_lines(plan: Plan) -> list[str]:
 
 
 def _parameter_lines(cfg: PipelineConfig, plan: Plan) -> list[str]:
-    m, c, vocab_size, source = cfg.model, plan.parameters, plan.vocab_size, plan.vocab_source
+    m, figures, data = cfg.model, plan.figures, plan.data
+    c = figures.parameters
     groups = m.num_query_groups or m.num_attention_heads
     position = f" + {count(c['position_embedding'])} positions" if c["position_embedding"] else ""
     tied = "untied" if m.untie_embeddings else "tied to the embedding"
     lines = [
         f"Model {m.name}: {m.num_layers} layers, hidden {m.hidden_size}, "
-        f"{m.num_attention_heads} heads ({groups} query groups), FFN {ffn_hidden_size(m)} "
+        f"{m.num_attention_heads} heads ({groups} query groups), FFN {figures.ffn_hidden_size} "
         f"{m.activation}, {m.normalization}, {m.position_embedding}; sequence {m.seq_length}",
-        f"Vocabulary: {vocab_size} ({source}), padded to {c['padded_vocab']}",
+        f"Vocabulary: {data.vocab_size} ({data.vocab_source}), padded to {c['padded_vocab']}",
         f"Parameters: {count(c['total'])} ({c['total']:,})",
         f"  embedding     {count(c['embedding']):>9}  ({c['padded_vocab']} x {m.hidden_size}"
         f"{position})",
@@ -124,10 +119,9 @@ def _parameter_lines(cfg: PipelineConfig, plan: Plan) -> list[str]:
         f"{count(c['norms_per_layer'])}; final norm {count(c['final_norm'])})",
         f"  output layer  {count(c['output_layer']):>9}  ({tied})",
     ]
-    t, p, split = plan.layout.tensor, plan.layout.pipeline, plan.layout.pipeline_split
-    stages = sorted({0, p - 1})
+    t, p = plan.layout.tensor, plan.layout.pipeline
     per_gpu = ", ".join(
-        f"stage {s}: {count(stage_params(m, vocab_size, t, p, s, split)['total'])}" for s in stages
+        f"stage {s}: {count(figures.stages[s]['total'])}" for s in sorted({0, p - 1})
     )
     lines.append(f"  per GPU (TP={t}, PP={p}): {per_gpu}")
     return lines
@@ -137,7 +131,7 @@ def _memory_lines(cfg: PipelineConfig, plan: Plan) -> list[str]:
     layout, memory, gpu = plan.layout, plan.memory, plan.gpu
     # the one figure beside the plan's: the other distributed-optimizer setting
     flipped = replace(layout, distributed_optimizer=not layout.distributed_optimizer)
-    other = memory_per_gpu(cfg.model, plan.vocab_size, flipped)
+    other = memory_per_gpu(cfg.model, plan.figures, flipped)
     with_opt = memory if layout.distributed_optimizer else other
     without = other if layout.distributed_optimizer else memory
     in_flight = micro_batches_in_flight(layout, memory["stage"])
@@ -296,8 +290,8 @@ def _search_lines(
 def plan_lines(cfg: PipelineConfig, plan: Plan, options: PlanOptions) -> list[str]:
     """The whole plan for a validated config, as lines to print; every figure for the run's
     GPU (a CPU run's only when one is named)."""
-    vocab_size, layout, gpu = plan.vocab_size, plan.layout, plan.gpu
-    flops = plan.flops_per_sequence
+    vocab_size, layout, gpu = plan.data.vocab_size, plan.layout, plan.gpu
+    flops = plan.figures.flops_per_sequence
     lines = _parameter_lines(cfg, plan)
     lines.append(
         f"FLOPs per token: {flops_text(flops / cfg.model.seq_length)} ({flops_text(flops)} per "
@@ -310,7 +304,9 @@ def plan_lines(cfg: PipelineConfig, plan: Plan, options: PlanOptions) -> list[st
     lines += _memory_lines(cfg, plan)
     lines += _activation_table(cfg, layout)
     lines += _time_lines(cfg, plan, options)
-    lines += [line.removeprefix("[plan] ") for line in mixture.plan_lines(cfg)]
+    lines += [
+        line.removeprefix("[plan] ") for line in mixture.plan_lines(cfg, plan.data.train_tokens)
+    ]
     if options.search:
         gpus = options.gpus or world_size(cfg.cluster)
         per_node = max(1, min(cfg.cluster.gpus_per_node or 8, gpus))

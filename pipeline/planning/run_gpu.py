@@ -21,6 +21,7 @@ class RunGpu:
     capacity: int | None  # bytes one GPU holds, as torch counts them; None: not known
     source: str  # where it came from, for the lines that print it
     assumed: bool = False  # nothing named or found: H100 assumed for the estimates
+    capability: tuple[int, int] | None = None  # compute capability; None: not a known model
 
 
 def choose(cluster: ClusterConfig, detected: tuple[str, float] | None) -> RunGpu | None:
@@ -32,20 +33,30 @@ def choose(cluster: ClusterConfig, detected: tuple[str, float] | None) -> RunGpu
         name = gpus.model_name(cluster.gpu) or cluster.gpu
         memory = memory or gpus.memory_gb(name)
         capacity = gpus.capacity_bytes(memory) if memory else None
-        return RunGpu(name, capacity, f"cluster.gpu={cluster.gpu}")
+        return RunGpu(
+            name, capacity, f"cluster.gpu={cluster.gpu}", capability=gpus.capability(name)
+        )
     if memory:
         found = detected[0] if detected else gpus.GPU_BY_MEMORY.get(int(memory))
         name = gpus.model_name(found) or found or f"a {memory:g} GB GPU"
-        return RunGpu(name, gpus.capacity_bytes(memory), f"cluster.gpu_memory_gb={memory:g}")
+        source = f"cluster.gpu_memory_gb={memory:g}"
+        return RunGpu(name, gpus.capacity_bytes(memory), source, capability=gpus.capability(name))
     if detected:
         device, memory_gib = detected
         name = gpus.model_name(device) or device
-        return RunGpu(name, int(memory_gib * gpus.GIB), f"this machine's {device}")
+        source = f"this machine's {device}"
+        return RunGpu(name, int(memory_gib * gpus.GIB), source, capability=gpus.capability(name))
     return None
 
 
 # What the estimates of a GPU run that names no GPU and finds none here are made for
-ASSUMED = RunGpu("H100", gpus.capacity_bytes(80), "assumed: no cluster.gpu", assumed=True)
+ASSUMED = RunGpu(
+    "H100",
+    gpus.capacity_bytes(80),
+    "assumed: no cluster.gpu",
+    assumed=True,
+    capability=gpus.capability("H100"),
+)
 
 
 def detected(cfg: PipelineConfig) -> tuple[str, float] | None:

@@ -15,15 +15,15 @@ import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from types import MappingProxyType
 
 from pipeline.config import PipelineConfig
 from pipeline.config.derived import trains_on_gpu
 from pipeline.core import files
 from pipeline.core.paths import RunPaths
-from pipeline.data import datasets
-from pipeline.model.flops import flops_per_sequence
-from pipeline.model.parameters import parameter_count
+from pipeline.data import summary
+from pipeline.data.summary import DataSummary
+from pipeline.model.backends import names as backend_names
+from pipeline.model.figures import ModelFigures
 from pipeline.planning import hardware, run_gpu, search
 from pipeline.planning.hardware import Hardware
 from pipeline.planning.parallel_layout import ParallelLayout
@@ -35,8 +35,7 @@ FORMAT = 1  # plan.json's format, raised when a field changes meaning
 @dataclass(frozen=True)
 class Plan:
     model: str
-    vocab_size: int
-    vocab_source: str  # what the vocabulary was read from
+    data: DataSummary  # the vocabulary and the sources' training tokens
     layout: ParallelLayout
     memory: Mapping[str, int]  # bytes on the busiest GPU (or CPU rank), by part
     step: Mapping[str, float]  # one step's expected seconds by part, tokens/s, MFU on `hardware`
@@ -44,9 +43,9 @@ class Plan:
     hardware: Hardware  # the GPU and fabric of `step` (H100's, assumed, where gpu is None)
     reasons: str | None  # what the auto values became, and why (train.auto_choice)
     on_gpu: bool  # whether the training job is meant for GPUs (derived.trains_on_gpu)
-    # one replica's parameters with the vocabulary padded for the layout (parameter_count)
-    parameters: Mapping[str, int]
-    flops_per_sequence: float  # Megatron-LM's forward and backward FLOPs of one sequence
+    backend: str  # the model backend it trains with (model.backends.names.for_training)
+    # the model's parameters, padded vocabulary and FLOPs for the layout, as the estimates read
+    figures: ModelFigures
 
     @property
     def fits(self) -> bool | None:
@@ -59,8 +58,8 @@ class Plan:
         return {
             "format": FORMAT,
             "model": self.model,
-            "vocab_size": self.vocab_size,
-            "vocab_source": self.vocab_source,
+            "vocab_size": self.data.vocab_size,
+            "vocab_source": self.data.vocab_source,
             "layout": dataclasses.asdict(self.layout),
             "description": self.layout.describe(),
             "memory_bytes": dict(self.memory),
@@ -75,25 +74,25 @@ class Plan:
 def make(cfg: PipelineConfig, vocab: tuple[int, str] | None = None) -> Plan:
     """The plan of a validated config whose auto values are settled; `vocab`: the vocabulary
     size and where it came from, when the caller has it (else read as the run would)."""
-    vocab_size, source = vocab or datasets.vocab_size(cfg)
+    data = summary.of(cfg, vocab)
+    backend = backend_names.for_training(cfg)
     on_gpu = trains_on_gpu(cfg)
     layout = ParallelLayout.of(cfg)
     gpu = run_gpu.of(cfg)
     hw = hardware.of(cfg, (gpu or run_gpu.ASSUMED).name)
-    figures = search.estimate(cfg.model, vocab_size, layout, hw)  # the auto search's, if made
+    estimate = search.estimate(cfg.model, data.vocab_size, layout, hw)  # the auto search's, if made
     return Plan(
         model=cfg.model.name,
-        vocab_size=vocab_size,
-        vocab_source=source,
+        data=data,
         layout=layout,
-        memory=figures.memory,
-        step=figures.throughput,
+        memory=estimate.memory,
+        step=estimate.throughput,
         gpu=gpu,
         hardware=hw,
         reasons=cfg.train.auto_choice,
         on_gpu=on_gpu,
-        parameters=MappingProxyType(parameter_count(cfg.model, vocab_size, layout.tensor)),
-        flops_per_sequence=flops_per_sequence(cfg.model, vocab_size, layout.tensor),
+        backend=backend,
+        figures=estimate.figures,
     )
 
 

@@ -14,6 +14,7 @@ from types import MappingProxyType
 
 from pipeline.config import ModelConfig, PipelineConfig
 from pipeline.config.choices import RECOMPUTE_MODES
+from pipeline.model.figures import ModelFigures
 from pipeline.model.sizes import ffn_hidden_size
 from pipeline.model.stages import EVEN, PipelineSplit
 from pipeline.planning import hardware
@@ -48,6 +49,7 @@ class Candidate:
     layout: ParallelLayout
     memory: Mapping[str, int]  # bytes on the busiest GPU, by part (memory_per_gpu)
     throughput: Mapping[str, float]  # the expected step (expected_step)
+    figures: ModelFigures  # the model's, for this layout's tensor and pipeline split
 
     @property
     def tokens_per_s(self) -> float:
@@ -198,14 +200,16 @@ _ESTIMATES_KEPT = 50_000
 
 
 def estimate(m: ModelConfig, vocab: int, layout: ParallelLayout, hw: Hardware) -> Candidate:
-    """The layout's memory breakdown and expected step on `hw`, made once."""
+    """The layout's memory breakdown and expected step on `hw`, and the model's figures they
+    read, made once."""
     key = (repr(m), vocab, layout, hw)  # a model config is mutable, so not hashable itself
     if key not in _ESTIMATES:
         if len(_ESTIMATES) >= _ESTIMATES_KEPT:
             del _ESTIMATES[next(iter(_ESTIMATES))]  # the oldest
-        memory = MappingProxyType(memory_per_gpu(m, vocab, layout))
-        step = MappingProxyType(expected_step(m, vocab, layout, hw))
-        _ESTIMATES[key] = Candidate(layout, memory, step)
+        figures = layout.model_figures(m, vocab)
+        memory = MappingProxyType(memory_per_gpu(m, figures, layout))
+        step = MappingProxyType(expected_step(m, figures, layout, hw))
+        _ESTIMATES[key] = Candidate(layout, memory, step, figures)
     return _ESTIMATES[key]
 
 

@@ -28,9 +28,7 @@ import math
 from dataclasses import dataclass
 
 from pipeline.config import ModelConfig, PipelineConfig
-from pipeline.model.flops import flops_per_sequence
-from pipeline.model.parameters import stage_params
-from pipeline.model.sizes import ffn_hidden_size, padded_vocab
+from pipeline.model.figures import ModelFigures
 from pipeline.planning.hardware import Hardware, preset
 from pipeline.planning.parallel_layout import ParallelLayout
 
@@ -159,7 +157,7 @@ def _output_layer_s(
 
 def expected_step(
     m: ModelConfig,
-    vocab_size: int,
+    figures: ModelFigures,
     layout: ParallelLayout,
     hw: Hardware | None = None,
     constants: Constants = CONSTANTS,
@@ -168,14 +166,13 @@ def expected_step(
     nodes when None): step_s, compute_s (the GEMMs, attention, elementwise and recompute of
     every micro-batch), tp_comm_s (exposed TP), bubble_s (pipeline fill and drain, p2p),
     dp_comm_s (exposed data-parallel traffic), optimizer_s, tokens_per_s_per_gpu,
-    tflops_per_gpu (Megatron-LM's model FLOPs), mfu."""
+    tflops_per_gpu (Megatron-LM's model FLOPs), mfu. `figures`: the model's for this layout's
+    tensor and pipeline split (pipeline.model.figures)."""
     hw, c, lo = hw or preset(None), constants, layout
     t, p, v = lo.tensor, lo.pipeline, lo.virtual_pipeline or 1
-    # the model's figures, taken once: MLP width, padded vocabulary, the busiest stage's
-    # parameters, Megatron-LM's FLOPs
-    ffn, padded = ffn_hidden_size(m), padded_vocab(vocab_size, m, t)
-    params = max(stage_params(m, vocab_size, t, p, s)["total"] for s in {0, p - 1})
-    model_flops = flops_per_sequence(m, vocab_size, 1) * lo.global_batch
+    ffn, padded = figures.ffn_hidden_size, figures.padded_vocab
+    params = figures.even_busiest_stage
+    model_flops = figures.flops_per_sequence_tp1 * lo.global_batch
     layers = math.ceil(m.num_layers / p)
     compute, _, attention_fwd, tp_one = _layer_s(m, ffn, lo, hw, c)
     collectives = 8  # forward and backward: 2 all-gathers and 2 reduce-scatters each

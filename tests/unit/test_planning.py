@@ -12,7 +12,7 @@ from dataclasses import replace
 import pytest
 
 from pipeline.config import ClusterConfig, ConfigError
-from pipeline.data import datasets
+from pipeline.data import datasets, mixture
 from pipeline.model import flops
 from pipeline.model.parameters import layer_params, parameter_count, stage_params
 from pipeline.model.stages import PipelineSplit
@@ -100,12 +100,15 @@ def test_the_fullest_stage_and_a_split_sequence_set_the_memory(tmp_path):
         tensor=8, pipeline=16, data=1, micro_batch=1, grad_accum=32, sequence_parallel=True
     )
     uneven = replace(layout, pipeline_split=PipelineSplit(embedding=True, loss=True))
-    busiest = memory.memory_per_gpu(cfg.model, 128256, uneven)
+    busiest = memory.memory_per_gpu(cfg.model, uneven.model_figures(cfg.model, 128256), uneven)
     assert busiest["stage"] == 1
     assert busiest["activations_per_micro_batch"] == 8 * memory.layer_activations(cfg.model, uneven)
-    halves = memory.memory_per_gpu(cfg.model, 128256, replace(layout, context=2))
+    halved = replace(layout, context=2)
+    halves = memory.memory_per_gpu(cfg.model, halved.model_figures(cfg.model, 128256), halved)
     half_sequence = changed(cfg, "model", seq_length=cfg.model.seq_length // 2).model
-    whole = memory.memory_per_gpu(half_sequence, 128256, layout)
+    whole = memory.memory_per_gpu(
+        half_sequence, layout.model_figures(half_sequence, 128256), layout
+    )
     assert halves["activations_per_micro_batch"] == whole["activations_per_micro_batch"]
 
 
@@ -208,16 +211,17 @@ def test_activations_follow_the_kernels_and_shapes(tmp_path):
 def test_static_memory_per_parameter(tmp_path):
     cfg = make_config(tmp_path, "model=gpt-1.3b", *GPU_GIVEN, "cluster.gpus_per_node=8")
     n = stage_params(cfg.model, 32000, 1, 1, 0)["total"]
+    figures = ParallelLayout().model_figures(cfg.model, 32000)
     dist = memory.memory_per_gpu(
-        cfg.model, 32000, ParallelLayout(data=8, distributed_optimizer=True)
+        cfg.model, figures, ParallelLayout(data=8, distributed_optimizer=True)
     )
     plain = memory.memory_per_gpu(
-        cfg.model, 32000, ParallelLayout(data=8, distributed_optimizer=False)
+        cfg.model, figures, ParallelLayout(data=8, distributed_optimizer=False)
     )
     assert (dist["weights"], dist["gradients"]) == (2 * n, 4 * n)
     assert plain["optimizer"] == 12 * n  # fp32 master + two Adam moments
     assert dist["optimizer"] == -(-12 * n // 8)  # sharded over data-parallel ranks
-    fp32 = memory.memory_per_gpu(cfg.model, 32000, ParallelLayout(precision="fp32"))
+    fp32 = memory.memory_per_gpu(cfg.model, figures, ParallelLayout(precision="fp32"))
     assert (fp32["weights"], fp32["optimizer"]) == (4 * n, 8 * n)
     assert dist["overhead"] == memory.FIXED_OVERHEAD_BYTES
     parts = ("weights", "gradients", "optimizer", "activations", "logits", "working", "overhead")
@@ -231,8 +235,9 @@ def test_pipeline_stages_hold_micro_batches_in_flight(tmp_path):
     assert memory.micro_batches_in_flight(replace(layout, grad_accum=2), 0) == 2
     # interleaved: 2 (PP-1) + (v-1) PP + 1 chunks of 1/v stage on the first stage
     assert memory.micro_batches_in_flight(replace(layout, virtual_pipeline=2), 0) == 11 / 2
-    first = memory.stage_memory(cfg.model, 32000, layout, 0)
-    last = memory.stage_memory(cfg.model, 32000, layout, 3)
+    figures = layout.model_figures(cfg.model, 32000)
+    first = memory.stage_memory(cfg.model, figures, layout, 0)
+    last = memory.stage_memory(cfg.model, figures, layout, 3)
     per_micro_batch = memory.stage_activations(cfg.model, layout)
     assert first["activations"] == 4 * per_micro_batch
     assert last["activations"] == per_micro_batch
@@ -257,7 +262,10 @@ def test_wall_time_for_a_token_budget(tmp_path):
     assert throughput.steps_for(1e9, cfg) == 7630  # ceil(1e9 / 131,072)
     # the wall time is the layout's own estimate of a step, not an assumed MFU
     vocab = datasets.vocab_size(cfg)[0]
-    step = throughput.expected_step(cfg.model, vocab, ParallelLayout.of(cfg), preset("H100"))
+    layout = ParallelLayout.of(cfg)
+    step = throughput.expected_step(
+        cfg.model, layout.model_figures(cfg.model, vocab), layout, preset("H100")
+    )
     lines = plan_lines(cfg, run_plan.make(cfg), PlanOptions(tokens=1e9))
     wall = next(line for line in lines if line.startswith("Wall time:"))
     assert f"{step['step_s']:.2f} s/step" in wall
@@ -303,9 +311,10 @@ def test_best_layout_for_gpt_1_3b_needs_no_tensor_parallelism(tmp_path):
     assert speeds == sorted(speeds, reverse=True)
     # tensor parallelism across nodes pays for the network
     layout = ParallelLayout(tensor=8, micro_batch=8, grad_accum=32, sequence_parallel=True)
-    inside = throughput.expected_step(many.model, 32000, layout, preset("H100"))
+    figures = layout.model_figures(many.model, 32000)
+    inside = throughput.expected_step(many.model, figures, layout, preset("H100"))
     four = replace(preset("H100"), nvlink_domain=4)
-    across = throughput.expected_step(many.model, 32000, layout, four)
+    across = throughput.expected_step(many.model, figures, layout, four)
     assert across["tp_comm_s"] > 2 * inside["tp_comm_s"]  # 4 NICs of 50 GB/s, not NVLink
     assert across["step_s"] > inside["step_s"]
 
@@ -536,6 +545,14 @@ def test_the_launcher_makes_the_plan_once_and_hands_it_down(tmp_path, monkeypatc
 
     monkeypatch.setattr(search, "_ESTIMATES", {})  # figures an earlier test made
     calls = _count_planning_calls(monkeypatch)
+    counted_tokens = []
+    known_train_tokens = mixture.known_train_tokens
+
+    def counted(cfg):
+        counted_tokens.append(cfg.workdir)
+        return known_train_tokens(cfg)
+
+    monkeypatch.setattr(mixture, "known_train_tokens", counted)
     cfg = make_config(  # the auto values' search, then the launcher
         tmp_path,
         *GPU_SLURM,
@@ -551,7 +568,10 @@ def test_the_launcher_makes_the_plan_once_and_hands_it_down(tmp_path, monkeypatc
     # printed plan read them: none made twice
     assert len(calls["memory_per_gpu"]) > 1
     assert calls["memory_per_gpu"].count(layout) == calls["expected_step"].count(layout) == 1
-    assert "[plan] expected on H100" in capsys.readouterr().err
+    # the sources' training tokens are estimated once, for the epoch check and the printed plan
+    assert len(counted_tokens) == 1
+    err = capsys.readouterr().err
+    assert "[plan] expected on H100" in err and "[plan] data: " in err
     assert not run_plan.path(tmp_path).exists()  # a dry run writes nothing
 
 

@@ -17,6 +17,12 @@ from pipeline.planning.hardware import preset
 from pipeline.planning.throughput import expected_step
 from tests.conftest import ROOT, make_config
 
+
+def step_of(row: calibration.Row, layout, hw) -> dict[str, float]:
+    """The expected step of a published row's model under `layout` on `hw`."""
+    return expected_step(row.model, layout.model_figures(row.model, row.vocab), layout, hw)
+
+
 H200_GPT = ("train=gpu", "cluster=slurm", "cluster.gpus_per_node=1", "cluster.gpu=H200")
 ROWS = calibration.load()
 
@@ -81,7 +87,7 @@ def test_the_h200_estimate_at_the_auto_choice_is_within_5_percent(tmp_path, mode
     assert micro in measured, f"auto chose micro-batch {micro}, not one measured"
     row = measured[micro]
     assert cfg.train.recompute == row.layout.recompute
-    predicted = expected_step(row.model, row.vocab, row.layout, preset("H200"))
+    predicted = step_of(row, row.layout, preset("H200"))
     assert predicted["tokens_per_s_per_gpu"] == pytest.approx(row.published, rel=0.05)
 
 
@@ -101,24 +107,24 @@ def test_gpt_1_3b_on_four_h100_nodes_plans_plain_data_parallelism(tmp_path):
 
 def test_a_larger_nvlink_domain_makes_tensor_parallelism_cheaper():
     row = next(r for r in ROWS if r.id == "bridge2511-gb200-405B")
-    rack = expected_step(row.model, row.vocab, row.layout, preset("GB200"))
+    rack = step_of(row, row.layout, preset("GB200"))
     pairs = replace(preset("GB200"), nvlink_domain=2)  # TP=4 across two NVLink domains
-    nodes = expected_step(row.model, row.vocab, row.layout, pairs)
+    nodes = step_of(row, row.layout, pairs)
     assert nodes["tp_comm_s"] > rack["tp_comm_s"]
 
 
 def test_overlap_hides_the_data_parallel_reduction():
     row = next(r for r in ROWS if r.id == "nemo2407-h100-fp8-GPT3-175B-512")
     off = replace(row.layout, overlap_grad_reduce=False, overlap_param_gather=False)
-    hidden = expected_step(row.model, row.vocab, row.layout, row.hardware)["dp_comm_s"]
-    exposed = expected_step(row.model, row.vocab, off, row.hardware)["dp_comm_s"]
+    hidden = step_of(row, row.layout, row.hardware)["dp_comm_s"]
+    exposed = step_of(row, off, row.hardware)["dp_comm_s"]
     assert exposed > 2 * hidden
 
 
 def test_the_planner_choice_is_at_least_as_fast_or_says_why():
     for row_id in ("here-h200-gpt-1.3b", "nemo2407-h100-fp8-LLAMA3-8B"):
         row = next(r for r in ROWS if r.id == row_id)
-        published = expected_step(row.model, row.vocab, row.layout, row.hardware)
+        published = step_of(row, row.layout, row.hardware)
         text = calibration_report._choice_text(row, row.layout, published["tokens_per_s_per_gpu"])
         chosen = calibration_report.planner_choice(row)
         assert chosen is not None
@@ -172,9 +178,9 @@ def test_the_gradient_bucket_size_is_part_of_the_estimate():
     row = next(r for r in ROWS if r.id == "here-h200-gpt-1.3b")
     wide = replace(row.layout, data=1024, micro_batch=1, grad_accum=1, overlap_param_gather=True)
     wide = replace(wide, overlap_grad_reduce=True)
-    default = expected_step(row.model, row.vocab, wide, preset("H100"))["dp_comm_s"]
+    default = step_of(row, wide, preset("H100"))["dp_comm_s"]
     small = replace(wide, bucket_params=1_000_000)
-    assert expected_step(row.model, row.vocab, small, preset("H100"))["dp_comm_s"] > 2 * default
+    assert step_of(row, small, preset("H100"))["dp_comm_s"] > 2 * default
 
 
 @pytest.mark.parametrize(
