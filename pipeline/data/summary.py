@@ -19,7 +19,7 @@ class DataSummary:
     train_tokens: tuple[dict[str, int], str | None] | None
 
 
-def of(cfg: PipelineConfig, vocab: tuple[int, str] | None = None) -> DataSummary:
+def summarize(cfg: PipelineConfig, vocab: tuple[int, str] | None = None) -> DataSummary:
     """The summary of the run's data; `vocab`: the vocabulary size and where it came from,
     when the caller has it (else read as the run would)."""
     vocab_size, source = vocab or datasets.vocab_size(cfg)

@@ -97,8 +97,8 @@ def refusals(cfg: PipelineConfig) -> tuple[PipelineConfig, Plan | None]:
     """Refuse what cannot work or would fail after hours in the queue (raises ConfigError);
     `cfg` as its jobs are to run it (an MLflow store's local path made absolute), and the plan
     of a run that trains, made once: checked here, then printed and kept in the run folder."""
-    cfg = tracking_settings.checked(cfg, Path.cwd())
     preflight.check_stage_inputs(cfg)
+    cfg = tracking_settings.checked(cfg, Path.cwd())
     plan = run_plan.make(cfg) if "train" in cfg.stages else None
     if plan is not None:
         preflight.check_training(cfg, plan)

@@ -74,8 +74,7 @@ class Plan:
 def make(cfg: PipelineConfig, vocab: tuple[int, str] | None = None) -> Plan:
     """The plan of a validated config whose auto values are settled; `vocab`: the vocabulary
     size and where it came from, when the caller has it (else read as the run would)."""
-    data = summary.of(cfg, vocab)
-    backend = backend_names.for_training(cfg)
+    data = summary.summarize(cfg, vocab)
     on_gpu = trains_on_gpu(cfg)
     layout = ParallelLayout.of(cfg)
     gpu = run_gpu.of(cfg)
@@ -91,7 +90,7 @@ def make(cfg: PipelineConfig, vocab: tuple[int, str] | None = None) -> Plan:
         hardware=hw,
         reasons=cfg.train.auto_choice,
         on_gpu=on_gpu,
-        backend=backend,
+        backend=backend_names.for_training(on_gpu),
         figures=estimate.figures,
     )
 

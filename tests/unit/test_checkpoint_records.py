@@ -5,6 +5,7 @@ its shards in place. The states are state.json's "layout" as the trainer writes 
 
 from __future__ import annotations
 
+from pipeline.config.derived import trains_on_gpu
 from pipeline.core.paths import CHECKPOINT_TRACKER, RunPaths
 from pipeline.model.backends import names
 from pipeline.training.checkpoint_records import chosen, layout_problem
@@ -32,8 +33,10 @@ def test_a_gpu_run_resumes_its_own_checkpoint():
     gpu = make_config("/tmp/unused", *GPU_GIVEN, "cluster.gpus_per_node=1")
     cpu = make_config("/tmp/unused")
     saved = state(backend=names.TRANSFORMER_ENGINE)
-    assert layout_problem(saved, layout(names.for_training(gpu))) is None
-    assert layout_problem(saved, layout(names.for_training(cpu)))[0] == "train.device"
+    assert layout_problem(saved, layout(names.for_training(trains_on_gpu(gpu)))) is None
+    assert (
+        layout_problem(saved, layout(names.for_training(trains_on_gpu(cpu))))[0] == "train.device"
+    )
 
 
 def test_another_padded_vocabulary_is_refused_naming_parallel_tensor():
