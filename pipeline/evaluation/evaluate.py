@@ -166,7 +166,7 @@ def evaluate(cfg: PipelineConfig, made_from: dict) -> EvaluationRecord:
     manifest = load_manifest(paths)
     check_sources(cfg, manifest)
     check_splits(manifest, cfg.model.seq_length, ("test",))
-    folder = checkpoint.verified(paths.checkpoints, str(cfg.eval.checkpoint))
+    folder = checkpoint.verified(paths.checkpoints, str(cfg.eval.checkpoint), cfg.eval.select_by)
     # the vocabulary as padded for the checkpoint's tensor-parallel size (older saves: ours)
     written = files.read_json(folder / "state.json").get("layout", {})
     engine = Engine(single_device(cfg), manifest["vocab_size"], written.get("padded_vocab_size"))

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from pipeline.core import files
 from pipeline.core.paths import RunPaths
+from pipeline.reporting.downstream_section import downstream_blocks
 from pipeline.reporting.plan_section import plan_blocks
 from pipeline.reporting.plots import loss_series, plot_checkpoints, plot_losses, plot_throughput
 from pipeline.reporting.summary import (
@@ -360,6 +361,7 @@ def report_blocks(paths: RunPaths, evaluation: dict) -> list[tuple]:
         *_faults_section(paths),
         *_stragglers_section(paths),
         *_results_section(paths, evaluation),
+        *downstream_blocks(paths),
         *_samples_section(evaluation),
         *_jobs_section(paths, evaluation, metrics),
         ("h2", "Configuration"),

@@ -27,12 +27,14 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from pipeline.core import files
+from pipeline.core import files, scores
 from pipeline.core.errors import ConfigError, NonFinite
 from pipeline.core.paths import BEST_CHECKPOINT as BEST
 from pipeline.core.paths import CHECKPOINT_TRACKER as TRACKER
+from pipeline.core.paths import RunPaths
 from pipeline.model.dist_checkpoint import FOLDER
 from pipeline.runtime import distributed
+from pipeline.training import leases
 
 NAME = re.compile(r"iter_\d{7}")  # a finished checkpoint; .partial and .deleting ones are not
 
@@ -292,13 +294,15 @@ def finished(root: Path) -> list[Path]:
 
 
 def _apply_retention(root: Path, keep_last: int) -> None:
+    """Delete the checkpoints beyond the newest `keep_last`, but the best and those a live
+    scoring job holds a lease on (pipeline.training.leases)."""
     workdir = root.parent
     best = files.read_json_or_none(root / BEST)
     keep = {best["name"]} if best else set()
     done = finished(root)
     keep.update(p.name for p in done[-keep_last:])
     for path in done:
-        if path.name not in keep:
+        if path.name not in keep and leases.holder(path) is None:
             _discard(path, workdir)
     for path in root.glob("iter_*.*"):  # left by saves or deletions that were killed
         files.remove_tree(path, workdir)
@@ -324,9 +328,12 @@ def best(root: Path, checksums: bool = True) -> Path | None:
     return latest(root, checksums)
 
 
-def verified(root: Path, choice: str) -> Path:
+def verified(root: Path, choice: str, select_by: str | None = None) -> Path:
     """The valid checkpoint that eval.checkpoint=`choice` names (best, latest or a folder), or
-    a ConfigError saying, in one line, why there is none."""
+    a ConfigError saying, in one line, why there is none. With `select_by` (eval.select_by),
+    best is the scored checkpoint with the best value of that task's metric."""
+    if choice == "best" and select_by:
+        return _best_scored(root, select_by)
     if choice in ("best", "latest"):  # each returns a verified checkpoint, or None
         folder = {"best": best, "latest": latest}[choice](root)
         if folder is None:
@@ -348,6 +355,19 @@ def verified(root: Path, choice: str) -> Path:
     if why is not None:
         raise ConfigError(f"{key}: {choice} is not a whole, valid checkpoint ({why})")
     return folder.resolve()
+
+
+def _best_scored(root: Path, select_by: str) -> Path:
+    name = scores.best(RunPaths(root.parent), select_by)
+    if name is None:
+        raise ConfigError(
+            f"eval.select_by={select_by}: no checkpoint under {root} was scored on it (the "
+            "downstream step scores the last one; eval.harness_every scores more)"
+        )
+    why = problem(root / name)
+    if why is not None:
+        raise ConfigError(f"eval.select_by={select_by}: {root / name} is not valid ({why})")
+    return (root / name).resolve()
 
 
 def load(folder: Path, backend, chunks, optimizer) -> dict:

@@ -4,7 +4,6 @@ sweep's comparison. One run (resumed once, as after a crash) serves every test."
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import shutil
@@ -45,7 +44,6 @@ def run(tmp_path_factory) -> tuple[Path, list[str]]:
         *SMALL_SERIAL,
         f"+eval.extra_sets={{code: {extra}/*.jsonl}}",
         "eval.all_checkpoints=true",
-        "eval.harness_tasks=[hellaswag]",
     ]
     pipeline(*args, "stages=[tokenize,train]")
     # as if the training job had died after its step-10 checkpoint: the rerun resumes from it
@@ -167,16 +165,6 @@ def test_the_harness_scores_are_the_models_log_likelihoods(fresh_model):
     per_token = -F.cross_entropy(logits.double(), torch.tensor(ids[1:]), reduction="none")
     score, _ = harness.loglikelihood(net, sp, context, continuation, cfg.model.seq_length, "cpu")
     assert score == pytest.approx(float(per_token[-tail:].sum()), rel=1e-5)
-
-
-def test_downstream_tasks_say_in_one_line_why_they_were_skipped(run):
-    workdir, _ = run
-    result = _evaluation(workdir)["harness"]
-    if importlib.util.find_spec("lm_eval") is not None:
-        pytest.skip("lm_eval is installed here")
-    line = "lm-evaluation-harness skipped (hellaswag): the lm_eval package is not installed"
-    assert result["skipped"] == line
-    assert f"\n{line}\n" in (workdir / "report.md").read_text()
 
 
 def test_the_report_plots_both_loss_curves_once_per_step(run):
