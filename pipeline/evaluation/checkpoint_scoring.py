@@ -47,8 +47,13 @@ def score(cfg: PipelineConfig, folder: Path) -> dict:
 
 
 def flat(record: dict) -> dict[str, float]:
-    """{"downstream/TASK/METRIC": value} of a record's scores, as the trackers get them."""
-    return {f"downstream/{name}": value for name, value in scores.metrics(record).items()}
+    """{"downstream/TASK/METRIC": value} of a record's scores, as the trackers get them: the
+    harness's default filter left out of the name (acc,none is acc), another one joined by _
+    (MLflow refuses a comma in a metric's name)."""
+    return {
+        f"downstream/{name.removesuffix(',none').replace(',', '_')}": value
+        for name, value in scores.metrics(record).items()
+    }
 
 
 def _to_trackers(cfg: PipelineConfig, paths: RunPaths, step: int, values: dict) -> None:

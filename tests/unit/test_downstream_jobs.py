@@ -179,3 +179,31 @@ def test_scores_show_in_the_summary_the_report_and_status(tmp_path):
     assert "| step | trained tokens | tiny_choice/acc,none |" in report
     assert "| 10 | 5120 | 0.2500 |" in report and "| 20 | 10240 | 0.5000 |" in report
     assert (paths.downstream_dir / "scores.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_a_scoring_job_logs_into_the_runs_tracker_at_the_checkpoints_step(tmp_path, monkeypatch):
+    pytest.importorskip("mlflow")
+    from pipeline.evaluation import checkpoint_scoring
+    from pipeline.tracking.trackers import Trackers
+
+    monkeypatch.chdir(tmp_path)
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    cfg = make_config(
+        tmp_path / "run", "logging.mlflow.enabled=true", f"logging.mlflow.tracking_uri={uri}"
+    )
+    paths = RunPaths.of(cfg.workdir)
+    paths.root.mkdir(parents=True)
+    training = Trackers.open(cfg, paths)  # the training's run, which the scoring job continues
+    training.log({"step": 20, "loss": 5.0})
+    training.finish()
+    record = {"step": 10, "tasks": {"tiny_choice": {"acc,none": 0.5, "acc_stderr,none": 0.2}}}
+    values = checkpoint_scoring.flat(record)
+    assert values == {"downstream/tiny_choice/acc": 0.5}
+    checkpoint_scoring._to_trackers(cfg, paths, 10, values)
+    from mlflow.tracking import MlflowClient
+
+    saved = json.loads(paths.tracking.read_text())["mlflow"]
+    client = MlflowClient(tracking_uri=saved["tracking_uri"])
+    history = client.get_metric_history(saved["run_id"], "downstream/tiny_choice/acc")
+    assert [(m.step, m.value) for m in history] == [(10, 0.5)]
+    assert list((paths.tensorboard / "downstream").glob("events.out.tfevents.*"))
