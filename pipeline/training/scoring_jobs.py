@@ -30,6 +30,25 @@ def due(cfg: PipelineConfig, step: int) -> bool:
     return step % t.save_interval == 0 and (step // t.save_interval) % e.harness_every == 0
 
 
+# what a training rank's environment holds of its own job: the scoring job is another
+TRAINING_ONLY = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK")
+TRAINING_ONLY += ("MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID")
+JOB_PREFIXES = ("SLURM_", "SUBMITIT_", "PMI_", "OMPI_")
+
+
+def job_environment(environ: dict[str, str]) -> dict[str, str]:
+    """The scoring process's environment: the training's, less what places it in the
+    training's job (its rank and rendezvous, the Slurm job), with this package importable."""
+    env = {
+        k: v
+        for k, v in environ.items()
+        if k not in TRAINING_ONLY and not k.startswith(JOB_PREFIXES)
+    }
+    package_root = str(Path(__file__).resolve().parents[2])  # where `pipeline` is
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [package_root, env.get("PYTHONPATH")]))
+    return env
+
+
 class ScoringJobs:
     """The scoring jobs one training process starts (the first rank's)."""
 
@@ -45,9 +64,7 @@ class ScoringJobs:
             return
         logfile = self.paths.downstream_log(folder.name)
         logfile.parent.mkdir(parents=True, exist_ok=True)
-        env = dict(os.environ)
-        package_root = str(Path(__file__).resolve().parents[2])  # where `pipeline` is
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [package_root, env.get("PYTHONPATH")]))
+        env = job_environment(dict(os.environ))
         command = [sys.executable, "-m", "pipeline.score", str(self.paths.root), folder.name]
         with open(logfile, "ab") as out:
             child = subprocess.Popen(

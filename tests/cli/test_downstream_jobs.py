@@ -28,9 +28,7 @@ def _wait_for_job(paths: RunPaths, name: str, timeout_s: float = 180) -> dict:
     return json.loads(result.read_text())
 
 
-def test_each_kept_checkpoint_is_scored_by_its_own_job_while_training_goes_on(
-    tokenized, tmp_path
-):
+def test_each_kept_checkpoint_is_scored_by_its_own_job_while_training_goes_on(tokenized, tmp_path):
     tasks = downstream_task.write(tmp_path / "tasks")
     workdir = copy_tokenized(tokenized, tmp_path / "run")
     result = cli(

@@ -207,3 +207,21 @@ def test_a_scoring_job_logs_into_the_runs_tracker_at_the_checkpoints_step(tmp_pa
     history = client.get_metric_history(saved["run_id"], "downstream/tiny_choice/acc")
     assert [(m.step, m.value) for m in history] == [(10, 0.5)]
     assert list((paths.tensorboard / "downstream").glob("events.out.tfevents.*"))
+
+
+def test_a_scoring_process_does_not_join_the_trainings_job_or_rendezvous():
+    training = {
+        "RANK": "3",
+        "WORLD_SIZE": "4",
+        "LOCAL_RANK": "1",
+        "MASTER_ADDR": "node1",
+        "MASTER_PORT": "29500",
+        "SLURM_JOB_ID": "77",
+        "SUBMITIT_EXECUTOR": "slurm",
+        "HOME": "/home/a",
+        "PYTHONPATH": "/site",
+    }
+    env = scoring_jobs.job_environment(training)
+    assert set(env) == {"HOME", "PYTHONPATH"}
+    root = Path(scoring_jobs.__file__).resolve().parents[2]
+    assert env["PYTHONPATH"].split(":") == [str(root), "/site"]
