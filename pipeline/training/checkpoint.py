@@ -17,7 +17,6 @@ from __future__ import annotations
 import hashlib
 import os
 import random
-import re
 import warnings
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -34,13 +33,8 @@ from pipeline.core.paths import CHECKPOINT_TRACKER as TRACKER
 from pipeline.core.paths import RunPaths
 from pipeline.model.dist_checkpoint import FOLDER
 from pipeline.runtime import distributed
-from pipeline.training import leases
-
-NAME = re.compile(r"iter_\d{7}")  # a finished checkpoint; .partial and .deleting ones are not
-
-
-def folder_name(step: int) -> str:
-    return f"iter_{step:07d}"
+from pipeline.training import retention
+from pipeline.training.retention import finished, folder_name
 
 
 def _listing(folder: Path) -> dict[str, int]:
@@ -234,12 +228,12 @@ def complete(root: Path, partial: Path, step: int, state: dict, keep_last: int) 
         }
         files.write_json(partial / "COMPLETE.json", complete)
         if final.exists():  # a save of this step from an earlier attempt, since resumed from
-            _discard(final, root.parent)
+            retention.discard(final, root.parent)
         partial.rename(final)
         files.fsync_dir(root)
         files.write_text(root / TRACKER, final.name + "\n")  # only ever names a whole save
         _update_best(root, final, state)
-        _apply_retention(root, keep_last)
+        retention.apply(root, keep_last)
     _barrier()
     return final
 
@@ -275,37 +269,6 @@ def _update_best(root: Path, folder: Path, state: dict) -> None:
     stale = best is None or not is_valid(root / best["name"], checksums=False)
     if stale or val < best["val_loss"]:
         files.write_json(root / BEST, {"name": folder.name, "step": state["step"], "val_loss": val})
-
-
-def _discard(folder: Path, workdir: Path) -> None:
-    """Delete a checkpoint folder: renamed first, so a kill midway leaves no half-deleted
-    folder under a checkpoint's name. Links, and folders outside the run, are left alone."""
-    if not files.owned_folder(folder, workdir):
-        warnings.warn(f"not deleting {folder}: it leads outside {workdir}", stacklevel=2)
-        return
-    doomed = folder.with_name(folder.name + ".deleting")
-    folder.rename(doomed)
-    files.remove_tree(doomed, workdir)
-
-
-def finished(root: Path) -> list[Path]:
-    """The checkpoint folders under `root` by step, without .partial and .deleting ones."""
-    return sorted(p for p in root.glob("iter_*") if NAME.fullmatch(p.name))
-
-
-def _apply_retention(root: Path, keep_last: int) -> None:
-    """Delete the checkpoints beyond the newest `keep_last`, but the best and those a live
-    scoring job holds a lease on (pipeline.training.leases)."""
-    workdir = root.parent
-    best = files.read_json_or_none(root / BEST)
-    keep = {best["name"]} if best else set()
-    done = finished(root)
-    keep.update(p.name for p in done[-keep_last:])
-    for path in done:
-        if path.name not in keep and leases.holder(path) is None:
-            _discard(path, workdir)
-    for path in root.glob("iter_*.*"):  # left by saves or deletions that were killed
-        files.remove_tree(path, workdir)
 
 
 def latest(root: Path, checksums: bool = True, collective: bool = False) -> Path | None:

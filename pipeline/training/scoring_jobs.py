@@ -15,7 +15,8 @@ from pathlib import Path
 from pipeline.config import PipelineConfig
 from pipeline.core import log
 from pipeline.core.paths import RunPaths
-from pipeline.training import checkpoint, leases
+from pipeline.training import leases
+from pipeline.training.retention import folder_name
 
 _log = log.get()
 SUBMISSION_WAIT_S = 120  # what the end of a Slurm training waits for its last submissions
@@ -59,7 +60,7 @@ class ScoringJobs:
 
     def saved(self, step: int) -> None:
         """A checkpoint of `step` is complete: start its scoring if it is due."""
-        folder = self.paths.checkpoints / checkpoint.folder_name(step)
+        folder = self.paths.checkpoints / folder_name(step)
         if not (self.starts and due(self.cfg, step) and folder.is_dir()):
             return
         logfile = self.paths.downstream_log(folder.name)

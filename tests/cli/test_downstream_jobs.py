@@ -12,8 +12,12 @@ import re
 import time
 from pathlib import Path
 
+import pytest
+
 from pipeline.core import scores
+from pipeline.core.errors import ConfigError
 from pipeline.core.paths import RunPaths
+from pipeline.training import checkpoint
 from tests import downstream_task
 from tests.conftest import SMALL_SERIAL, cli, copy_tokenized, status
 
@@ -62,6 +66,9 @@ def test_each_kept_checkpoint_is_scored_by_its_own_job_while_training_goes_on(to
     # the evaluation read the best scored checkpoint
     evaluated = json.loads(paths.eval_done.read_text())["checkpoint"]
     assert Path(evaluated).name == scores.best(paths, "tiny_choice/acc")
+    with pytest.raises(ConfigError) as none_scored:  # a metric the task has not
+        checkpoint.verified(paths.checkpoints, "best", "tiny_choice/f1")
+    assert str(none_scored.value).startswith("eval.select_by=tiny_choice/f1: no checkpoint under ")
     # the scores by step: summary.json (rewritten by the job that ended last), the report
     summary = json.loads(paths.summary.read_text())
     assert [r["step"] for r in summary["downstream"]] == [10, 20]
