@@ -35,6 +35,7 @@ def due(cfg: PipelineConfig, step: int) -> bool:
 TRAINING_ONLY = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK")
 TRAINING_ONLY += ("MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID")
 JOB_PREFIXES = ("SLURM_", "SUBMITIT_", "PMI_", "OMPI_")
+SITE = {"SLURM_CONF"}  # where Slurm's configuration is: the cluster's, not the job's
 
 
 def job_environment(environ: dict[str, str]) -> dict[str, str]:
@@ -43,7 +44,7 @@ def job_environment(environ: dict[str, str]) -> dict[str, str]:
     env = {
         k: v
         for k, v in environ.items()
-        if k not in TRAINING_ONLY and not k.startswith(JOB_PREFIXES)
+        if k in SITE or (k not in TRAINING_ONLY and not k.startswith(JOB_PREFIXES))
     }
     package_root = str(Path(__file__).resolve().parents[2])  # where `pipeline` is
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [package_root, env.get("PYTHONPATH")]))

@@ -218,11 +218,12 @@ def test_a_scoring_process_does_not_join_the_trainings_job_or_rendezvous():
         "MASTER_ADDR": "node1",
         "MASTER_PORT": "29500",
         "SLURM_JOB_ID": "77",
+        "SLURM_CONF": "/etc/slurm/slurm.conf",
         "SUBMITIT_EXECUTOR": "slurm",
         "HOME": "/home/a",
         "PYTHONPATH": "/site",
     }
     env = scoring_jobs.job_environment(training)
-    assert set(env) == {"HOME", "PYTHONPATH"}
+    assert set(env) == {"HOME", "PYTHONPATH", "SLURM_CONF"}
     root = Path(scoring_jobs.__file__).resolve().parents[2]
     assert env["PYTHONPATH"].split(":") == [str(root), "/site"]
