@@ -155,27 +155,16 @@ def test_extra_sets_are_tokenized_with_the_runs_tokenizer_and_reported(run, fres
     assert row in report
 
 
-def test_the_harness_scores_are_the_models_log_likelihoods(fresh_model):
-    from pipeline.evaluation import harness
-
-    cfg, net, sp = fresh_model
-    context, continuation = "def read(path):", "\n    return open(path).read()"
-    ids = [sp.eos_id()] + sp.encode(context) + sp.encode(continuation)
-    tail = len(sp.encode(continuation))
-    with torch.no_grad():
-        logits = net(torch.tensor([ids[:-1]]), torch.arange(len(ids) - 1)[None], None)[0]
-    per_token = -F.cross_entropy(logits.double(), torch.tensor(ids[1:]), reduction="none")
-    score, _ = harness.loglikelihood(net, sp, context, continuation, cfg.model.seq_length, "cpu")
-    assert score == pytest.approx(float(per_token[-tail:].sum()), rel=1e-5)
-
-
 def test_downstream_tasks_say_in_one_line_why_they_were_skipped(run):
     workdir, _ = run
     result = _evaluation(workdir)["harness"]
-    if importlib.util.find_spec("lm_eval") is not None:
-        pytest.skip("lm_eval is installed here")
-    line = "lm-evaluation-harness skipped (hellaswag): the lm_eval package is not installed"
-    assert result["skipped"] == line
+    line = result["skipped"]
+    if importlib.util.find_spec("lm_eval") is None:
+        why = "the lm_eval package is not installed (pip install '.[eval]')"
+    else:  # installed: hellaswag's data is not on this machine, and nothing is downloaded
+        why = line.split(": ", 1)[1]
+        assert why.endswith("(task data must be available offline)")
+    assert line == f"lm-evaluation-harness skipped (hellaswag): {why}" and "\n" not in line
     assert f"\n{line}\n" in (workdir / "report.md").read_text()
 
 
