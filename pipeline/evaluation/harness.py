@@ -28,12 +28,12 @@ def installed() -> bool:
 
 def cache_env(cache: Path | None, offline: bool) -> dict[str, str]:
     """The environment that points Hugging Face datasets and hub downloads at the task cache,
-    and keeps them off the network when `offline`."""
+    and keeps them off the network when `offline` (on it otherwise, whatever was inherited)."""
     env = {}
     if cache is not None:
         env.update(HF_DATASETS_CACHE=str(cache / "datasets"), HF_HUB_CACHE=str(cache / "hub"))
-    if offline:
-        env.update(HF_DATASETS_OFFLINE="1", HF_HUB_OFFLINE="1", HF_EVALUATE_OFFLINE="1")
+    flag = "1" if offline else "0"
+    env.update(HF_DATASETS_OFFLINE=flag, HF_HUB_OFFLINE=flag, HF_EVALUATE_OFFLINE=flag)
     return env
 
 

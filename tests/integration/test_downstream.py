@@ -51,10 +51,10 @@ def _task(folder: Path, name: str, rows: list[dict], spec: str) -> None:
     (folder / f"{name}.yaml").write_text(head + textwrap.dedent(spec))
 
 
-def _write_tasks(folder: Path, docs: list[str]) -> None:
-    """Four tasks on held-out documents, each request built from one of them."""
+def _write_tasks(folder: Path, docs: list[str], count: int = 12) -> None:
+    """Four tasks on held-out documents, each request built from one of `count` of them."""
     folder.mkdir()
-    words = [d.split(" ") for d in docs][:12]
+    words = [d.split(" ") for d in docs][:count]
     n = len(words)
     choice = [
         {
@@ -262,6 +262,16 @@ def test_a_checkpoint_is_scored_into_one_record(setting, ours, tmp_path):
         ours[0]["results"]["pipeline_choice"]["acc,none"]
     )
     assert record["requests"] > 0 and record["requests_per_s"] > 0
+
+
+def test_task_data_is_fetched_into_the_cache_that_jobs_read(setting, tmp_path):
+    from pipeline.evaluation.downstream import fetch_task_data, missing_task_data
+
+    cfg, _ = setting
+    asked = changed(cfg, "eval", harness_tasks=["pipeline_cloze"], cache_dir=str(tmp_path))
+    assert fetch_task_data(asked, tmp_path) == []
+    assert any((tmp_path / "datasets").rglob("*.arrow"))  # prepared there, read offline
+    assert missing_task_data(asked) == []
 
 
 def test_tasks_without_data_offline_are_named_before_any_job(setting, tmp_path):
