@@ -237,11 +237,6 @@ class RunPaths:
         """The log of the local job that scores `checkpoint` while training goes on."""
         return self.logs / "jobs" / "downstream" / f"{checkpoint}.log"
 
-    @property
-    def default_task_cache(self) -> Path:
-        """The tasks' data, fetched on submission (eval.cache_dir when not given)."""
-        return self.eval_dir / "cache"
-
     # export stage: a Hugging Face model folder (export.out elsewhere), export.json written last
     @property
     def export_dir(self) -> Path:

@@ -1,19 +1,17 @@
 """The body of a downstream job: one checkpoint scored on eval.harness_tasks (through
-pipeline.evaluation.scorer), offline, from the tasks' data cache. Its scores go to
+pipeline.evaluation.downstream), offline, from the tasks' data cache. Its scores go to
 eval/downstream/<checkpoint>.json, summary.json and the report, and into the run's trackers at
 the checkpoint's step (TensorBoard under train/tensorboard/downstream, W&B, MLflow). The lease
 that kept the checkpoint from retention is released at the end, scored or not."""
 
 from __future__ import annotations
 
-import os
 import time
 from pathlib import Path
 
 from pipeline.config import PipelineConfig
 from pipeline.core import files, log, scores
 from pipeline.core.paths import RunPaths
-from pipeline.evaluation import scorer
 from pipeline.reporting.report import write_report
 from pipeline.tracking.trackers import Trackers
 from pipeline.training import leases
@@ -26,9 +24,10 @@ def score(cfg: PipelineConfig, folder: Path) -> dict:
     paths = RunPaths.of(cfg.workdir)
     failure = paths.downstream_failure(folder.name)
     try:
-        os.environ.update(scorer.offline_environment(scorer.task_cache(cfg)))
         try:
-            record = scorer.score_checkpoint(cfg, folder, paths.downstream_result(folder.name))
+            from pipeline.evaluation.downstream import score_checkpoint  # torch: in the job
+
+            record = score_checkpoint(cfg, folder, paths.downstream_result(folder.name))
         except BaseException as e:  # what `make status` says of this checkpoint's job
             error = (f"{type(e).__name__}: {e}".strip().splitlines() or [""])[0]
             files.write_json(failure, {"at": time.strftime("%Y-%m-%dT%H:%M:%S"), "error": error})

@@ -10,7 +10,6 @@ import socket
 from pipeline.config import PipelineConfig
 from pipeline.core import log
 from pipeline.core.errors import ConfigError
-from pipeline.evaluation import scorer
 
 _log = log.get("pipeline")
 HUB = ("huggingface.co", 443)  # where the harness's task data comes from
@@ -36,20 +35,29 @@ def check(cfg: PipelineConfig) -> bool:
     some is missing and this machine can fetch it (`fetch`, once the run folder is held)."""
     if not scores_tasks(cfg):
         return False
-    missing = scorer.missing_task_data(cfg)
+    from pipeline.evaluation import downstream  # torch: only for a run that scores tasks
+
+    missing = downstream.missing_task_data(cfg)
     if not missing:
         return False
     if has_network():
         return True
     raise ConfigError(
-        f"eval.harness_tasks: no data for {', '.join(missing)} in {scorer.task_cache(cfg)}, and "
-        "no network here to fetch it: launch once from a machine with network (a login node), "
-        "or give the tasks with their data in eval.task_paths"
+        f"eval.harness_tasks: no data for {', '.join(missing)} in {downstream.task_cache(cfg)}, "
+        "and no network here to fetch it: launch once from a machine with network (a login "
+        "node), or give the tasks with their data in eval.task_paths"
     )
 
 
 def fetch(cfg: PipelineConfig) -> None:
-    cache = scorer.task_cache(cfg)
-    missing = scorer.missing_task_data(cfg)
-    _log.info(f"downstream: fetching the data of {', '.join(missing)} into {cache}")
-    scorer.fetch_task_data(cfg, cache)
+    """The missing data fetched into the task cache; what could not be is refused in one line."""
+    from pipeline.evaluation import downstream
+
+    cache = downstream.task_cache(cfg)
+    _log.info(f"downstream: fetching the data of eval.harness_tasks into {cache}")
+    still = downstream.fetch_task_data(cfg, cache)
+    if still:
+        raise ConfigError(
+            f"eval.harness_tasks: the data of {', '.join(still)} could not be fetched into "
+            f"{cache} (the lines above say why); nothing was submitted"
+        )

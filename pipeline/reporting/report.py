@@ -236,6 +236,7 @@ def _results_section(paths: RunPaths, evaluation: dict) -> list[tuple]:
                 r["tokens"],
                 f"{r['loss']:.4f}",
                 f"{r['ppl']:.2f}",
+                f"{r['bpb']:.4f}" if "bpb" in r else "-",
                 sum(r["rejected"].values()) if "rejected" in r else "-",
             )
             for name, r in sets.items()
@@ -244,7 +245,15 @@ def _results_section(paths: RunPaths, evaluation: dict) -> list[tuple]:
             ("p", "Every set, by the same checkpoint (test: the held-out split):"),
             (
                 "table",
-                ("set", "documents", "tokens", "loss", "perplexity", "rejected records"),
+                (
+                    "set",
+                    "documents",
+                    "tokens",
+                    "loss",
+                    "perplexity",
+                    "bits/byte",
+                    "rejected records",
+                ),
                 rows,
             ),
         ]
