@@ -5,8 +5,9 @@ checkpoint under the job. The scoring job removes it when it is done; a lease wh
 
 The lease names a process (pid on a host) and, once the job is submitted to Slurm, its job id:
 a job id is alive while Slurm says it is queued or running; a pid is alive while it runs on
-this host. A lease of another host's process, without a job id, cannot be checked from here,
-and is honoured."""
+this host. A lease of another host's process without a job id (one submitting a Slurm job,
+seen from a training requeued onto another node) cannot be checked from here: it is honoured
+for SUBMITTING_S, far longer than a submission takes."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from pipeline.core import files
 from pipeline.resilience import scheduler
 
 LEASE = "SCORING.json"
+SUBMITTING_S = 600
 # Slurm states of a job that has not ended
 ALIVE = {"PENDING", "RUNNING", "REQUEUED", "CONFIGURING", "COMPLETING", "SUSPENDED", "RESIZING"}
 
@@ -58,8 +60,8 @@ def _alive(record: dict) -> bool:
         if not states:  # unknown to Slurm: gone, unless Slurm did not answer
             return scheduler.problem() is not None
         return any(state in ALIVE for state in states)
-    if record.get("host") != socket.gethostname():
-        return True  # another host's process: not ours to judge
+    if record.get("host") != socket.gethostname():  # another host's process, submitting
+        return time.time() - float(record.get("since") or 0) < SUBMITTING_S
     return _pid_alive(record.get("pid"))
 
 

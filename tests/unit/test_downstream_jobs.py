@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 import types
 from pathlib import Path
 
@@ -71,6 +72,16 @@ def test_a_lease_held_by_a_slurm_job_lasts_while_slurm_says_it_is_queued_or_runn
     assert leases.holder(folder) is None
     answers["state"] = "PENDING"
     assert leases.holder(folder) is not None
+
+
+def test_a_lease_of_another_hosts_process_lasts_as_long_as_a_submission_could(tmp_path):
+    (folder,) = _checkpoints(tmp_path, [10])
+    record = {"pid": 1, "host": "another-node", "job": None, "since": time.time()}
+    (folder / leases.LEASE).write_text(json.dumps(record))
+    assert leases.holder(folder) is not None  # still submitting, as far as anyone here knows
+    record["since"] -= leases.SUBMITTING_S + 1
+    (folder / leases.LEASE).write_text(json.dumps(record))
+    assert leases.holder(folder) is None  # it would have named its job long ago
 
 
 def test_every_nth_regular_checkpoint_before_the_last_is_scored_during_training(tmp_path):
