@@ -43,7 +43,7 @@ $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
 	$(VENV)/bin/pip install -q --upgrade pip
 	$(VENV)/bin/pip install -q "$(TORCH_SPEC)"
-	$(VENV)/bin/pip install -q -e '.[dev]'
+	$(VENV)/bin/pip install -q -e '.[dev,eval]'
 	touch $@
 
 clean:

@@ -2,7 +2,7 @@
 written by hand (see slurm/). Under srun every task calls it: the distributed environment
 comes from Slurm's variables, an array task's index from SLURM_ARRAY_TASK_ID.
 
-    STEP: tokenizer | tokenize | verify | index | train | evaluate | export
+    STEP: tokenizer | tokenize | verify | index | train | downstream | evaluate | export
 """
 
 from __future__ import annotations

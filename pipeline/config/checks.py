@@ -151,6 +151,7 @@ def _check_eval(cfg: PipelineConfig) -> None:
         "eval.checkpoint",
         f"{ckpt!r} is neither best, latest nor a checkpoint folder",
     )
+    _check_downstream(cfg)
     if "evaluate" not in cfg.stages:
         return
     for name, pattern in e.extra_sets.items():
@@ -159,6 +160,23 @@ def _check_eval(cfg: PipelineConfig) -> None:
         _require(bool(matches), key, f"{pattern!r} matches no file")
         for path in matches:
             _require(os.access(path, os.R_OK), key, f"{path} is not readable")
+
+
+def _check_downstream(cfg: PipelineConfig) -> None:
+    e = cfg.eval
+    tasks = list(e.harness_tasks)
+    _require(not e.harness_every or bool(tasks), "eval.harness_every", "needs eval.harness_tasks")
+    _require(
+        not e.harness_every or cfg.train.save_interval > 0,
+        "eval.harness_every",
+        "scores saved checkpoints: needs train.save_interval > 0",
+    )
+    task = str(e.select_by).partition("/")[0]
+    _require(
+        not e.select_by or task in tasks,
+        "eval.select_by",
+        f"task {task!r} is not among eval.harness_tasks ({', '.join(tasks) or 'none'})",
+    )
 
 
 def _refuse_filtered_text(key: str, fmt: str, where: str | None) -> None:

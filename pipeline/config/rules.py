@@ -183,6 +183,24 @@ def _extra_sets(key: str, sets: dict[str, Any]) -> str | None:
 
 EXTRA_SET_NAMES = Rule("each set named with [A-Za-z0-9_.-], not test...", _extra_sets)
 
+
+def _folders(key: str, paths: list[str]) -> str | None:
+    missing = [p for p in paths if not os.path.isdir(os.path.expanduser(str(p)))]
+    return f"{key}: {missing[0]!r} is not a folder" if missing else None
+
+
+FOLDERS = Rule("existing folders", _folders)
+
+
+def _task_metric(key: str, value: str) -> str | None:
+    task, _, metric = value.partition("/")
+    if task.strip() and metric.strip() and "/" not in metric and " " not in value:
+        return None
+    return f"{key}: {value!r} is not TASK/METRIC (hellaswag/acc_norm, say)"
+
+
+TASK_METRIC = Rule("TASK/METRIC", _task_metric)
+
 _SBATCH_OPTION = re.compile(r"[A-Za-z][A-Za-z0-9_-]*")
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _SECRET_NAME = re.compile(r"KEY|TOKEN|SECRET|PASSWORD|PASSWD", re.IGNORECASE)

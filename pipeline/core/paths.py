@@ -215,6 +215,28 @@ class RunPaths:
     def eval_done(self) -> Path:
         return self.eval_dir / "DONE.json"
 
+    # downstream tasks (eval.harness_tasks): each scored checkpoint's result, by its name
+    @property
+    def downstream_dir(self) -> Path:
+        return self.eval_dir / "downstream"
+
+    def downstream_result(self, checkpoint: str) -> Path:
+        """What score_checkpoint wrote of checkpoint `checkpoint` (iter_0000200.json)."""
+        return self.downstream_dir / f"{checkpoint}.json"
+
+    def downstream_failure(self, checkpoint: str) -> Path:
+        """Why the last scoring of `checkpoint` failed (what `make status` shows)."""
+        return self.downstream_dir / f"{checkpoint}.failed.json"
+
+    @property
+    def downstream_done(self) -> Path:
+        """The downstream step's marker: the checkpoints it scored after training."""
+        return self.downstream_dir / "DONE.json"
+
+    def downstream_log(self, checkpoint: str) -> Path:
+        """The log of the local job that scores `checkpoint` while training goes on."""
+        return self.logs / "jobs" / "downstream" / f"{checkpoint}.log"
+
     # export stage: a Hugging Face model folder (export.out elsewhere), export.json written last
     @property
     def export_dir(self) -> Path:

@@ -26,7 +26,10 @@ from pipeline.config.derived import validation_samples
 from pipeline.core.paths import RunPaths
 from pipeline.data import sources
 from pipeline.data.records import Span
+from pipeline.data.token_bytes import TokenBytes
 from pipeline.data.tokenize import tokenize_spans
+
+BYTES_BLOCK = 1 << 22  # tokens read at once to count their bytes
 
 
 @dataclass
@@ -85,6 +88,21 @@ class Windows(torch.utils.data.Dataset):
             begin += take
             i += 1
         return np.concatenate(out).astype(np.int64)
+
+    def text_bytes(self, first: int, end: int, token_bytes: TokenBytes) -> int:
+        """UTF-8 bytes of the text that stream tokens [first, end) encode. Evaluation predicts
+        the tokens [1, 1 + n) of the stream, n the tokens it counted, as its windows are read
+        from the first on (eval.max_batches may stop it early): those, and no others, are
+        what its bits per byte divides by."""
+        starts = self.ends - np.diff(self.ends, prepend=0)  # of each sequence
+        total = 0
+        for begin in range(first, end, BYTES_BLOCK):
+            stop = min(begin + BYTES_BLOCK, end)
+            document_first = np.zeros(stop - begin, dtype=bool)
+            inside = starts[(starts >= begin) & (starts < stop)]
+            document_first[inside - begin] = True  # each sequence is one document
+            total += token_bytes.count(self._read(begin, stop), document_first)
+        return total
 
     def __getitem__(self, k: int) -> dict[str, torch.Tensor]:
         tokens = torch.full((self.seq_length,), self.pad, dtype=torch.long)

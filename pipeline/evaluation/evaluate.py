@@ -1,4 +1,4 @@
-"""The evaluation: loss and perplexity of a checkpoint (the best, by default) on the
+"""The evaluation: loss, perplexity and bits per byte of a checkpoint (the best, by default) on the
 held-out test split and on the extra sets (see pipeline.data.evalsets for what is measured), the
 test loss of every checkpoint kept (eval.all_checkpoints), text samples, lm-evaluation-harness
 tasks, then the report. eval/DONE.json is written last, then the trackers of logging.* receive
@@ -20,6 +20,7 @@ from pipeline.core import files, log, provenance
 from pipeline.core.paths import RunPaths
 from pipeline.data import evalsets, sources
 from pipeline.data.datasets import check_sources, check_splits, load_manifest
+from pipeline.data.token_bytes import TokenBytes
 from pipeline.data.tokenizer import load
 from pipeline.evaluation import harness
 from pipeline.evaluation.generate import continuation
@@ -81,11 +82,19 @@ def _micro_batch_size(cfg: PipelineConfig) -> int:
     return cfg.eval.micro_batch_size or settled(cfg).micro_batch_size
 
 
-def _measure(engine, evalset: evalsets.EvalSet, cfg: PipelineConfig) -> dict:
+def bits_per_byte(loss: float, tokens: int, text_bytes: int) -> float:
+    """The summed loss over the tokens, in bits, per UTF-8 byte of the text they encode."""
+    return loss * tokens / (math.log(2) * text_bytes) if text_bytes else math.nan
+
+
+def _measure(engine, evalset: evalsets.EvalSet, cfg: PipelineConfig, counted: TokenBytes) -> dict:
     loss, tokens = engine.loss_over(evalset.windows, _micro_batch_size(cfg), cfg.eval.max_batches)
+    text_bytes = evalset.windows.text_bytes(1, 1 + tokens, counted)  # the tokens predicted
     result = {
         "loss": loss,
         "ppl": perplexity(loss),
+        "bpb": bits_per_byte(loss, tokens, text_bytes),
+        "bytes": text_bytes,
         "tokens": tokens,
         "documents": evalset.documents,
         "windows": evalset.windows.windows,
@@ -95,25 +104,38 @@ def _measure(engine, evalset: evalsets.EvalSet, cfg: PipelineConfig) -> dict:
     return result
 
 
-def _measure_test(engine, tests: list[evalsets.EvalSet], cfg: PipelineConfig) -> dict[str, dict]:
-    """The test split of each source and, for a mixture, "test": the sources' losses weighted
-    as training samples them (the loss validation picks the best checkpoint by)."""
-    measured = {s.name: _measure(engine, s, cfg) for s in tests}
+def _measure_test(
+    engine, tests: list[evalsets.EvalSet], cfg: PipelineConfig, counted: TokenBytes
+) -> dict[str, dict]:
+    """The test split of each source and, for a mixture, "test": the sources' losses (and bits
+    per byte) weighted as training samples them (the loss validation picks the best checkpoint
+    by)."""
+    measured = {s.name: _measure(engine, s, cfg, counted) for s in tests}
     if len(tests) == 1:
         return measured
     by_source = {name.removeprefix("test/"): r["loss"] for name, r in measured.items()}
     loss = evalsets.mixture_loss(by_source, cfg)
+    bpb = {name.removeprefix("test/"): r["bpb"] for name, r in measured.items()}
     overall = {
         "loss": loss,
         "ppl": perplexity(loss),
-        **{k: sum(r[k] for r in measured.values()) for k in ("tokens", "documents", "windows")},
+        "bpb": evalsets.mixture_loss(bpb, cfg),
+        **{
+            k: sum(r[k] for r in measured.values())
+            for k in ("tokens", "bytes", "documents", "windows")
+        },
         "weights": sources.weights(cfg.data),
     }
     return {"test": overall, **measured}
 
 
 def _every_checkpoint(
-    cfg: PipelineConfig, engine, tests: list[evalsets.EvalSet], best: Path, best_result: dict
+    cfg: PipelineConfig,
+    engine,
+    tests: list[evalsets.EvalSet],
+    counted: TokenBytes,
+    best: Path,
+    best_result: dict,
 ) -> list[dict]:
     """Test loss of each valid checkpoint kept by retention, by step (the engine ends up holding
     the last one's weights)."""
@@ -125,7 +147,7 @@ def _every_checkpoint(
             continue
         else:
             checkpoint.load(folder, engine.backend, engine.chunks, None)
-            result = _measure_test(engine, tests, cfg)["test"]
+            result = _measure_test(engine, tests, cfg, counted)["test"]
         state = files.read_json(folder / "state.json")
         rows.append(
             {
@@ -134,6 +156,7 @@ def _every_checkpoint(
                 "val_loss": state.get("val_loss"),
                 "test_loss": result["loss"],
                 "test_ppl": result["ppl"],
+                "test_bpb": result["bpb"],
             }
         )
     return rows
@@ -148,6 +171,7 @@ class EvaluationRecord(TypedDict, total=False):
     checkpoint_step: int
     test_loss: float
     test_ppl: float
+    test_bpb: float  # bits per byte: the test loss per UTF-8 byte of the text, any tokenizer
     test_tokens: int
     sets: dict[str, dict]  # by set name, "test" first (then "test/SOURCE" for a mixture)
     samples: list[dict]
@@ -166,7 +190,7 @@ def evaluate(cfg: PipelineConfig, made_from: dict) -> EvaluationRecord:
     manifest = load_manifest(paths)
     check_sources(cfg, manifest)
     check_splits(manifest, cfg.model.seq_length, ("test",))
-    folder = checkpoint.verified(paths.checkpoints, str(cfg.eval.checkpoint))
+    folder = checkpoint.verified(paths.checkpoints, str(cfg.eval.checkpoint), cfg.eval.select_by)
     # the vocabulary as padded for the checkpoint's tensor-parallel size (older saves: ours)
     written = files.read_json(folder / "state.json").get("layout", {})
     engine = Engine(single_device(cfg), manifest["vocab_size"], written.get("padded_vocab_size"))
@@ -176,8 +200,9 @@ def evaluate(cfg: PipelineConfig, made_from: dict) -> EvaluationRecord:
     tests = evalsets.test_sets(cfg, manifest, multiple)
     extras = [evalsets.extra_set(cfg, name, sp, multiple) for name in cfg.eval.extra_sets]
     trained_steps = checkpoint.load(folder, engine.backend, engine.chunks, None)["step"]
-    measured = _measure_test(engine, tests, cfg)
-    measured.update({s.name: _measure(engine, s, cfg) for s in extras})
+    counted = TokenBytes(sp)
+    measured = _measure_test(engine, tests, cfg, counted)
+    measured.update({s.name: _measure(engine, s, cfg, counted) for s in extras})
     test = measured["test"]
     model = engine.chunks[0]
     result: EvaluationRecord = {
@@ -187,21 +212,22 @@ def evaluate(cfg: PipelineConfig, made_from: dict) -> EvaluationRecord:
         "checkpoint_step": trained_steps,
         "test_loss": test["loss"],
         "test_ppl": test["ppl"],
+        "test_bpb": test["bpb"],
         "test_tokens": test["tokens"],
         "sets": measured,
         "samples": _samples(cfg, model, sp, engine.device),
         "harness": harness.run(cfg, model, sp, engine.device),
     }
     if cfg.eval.all_checkpoints:
-        result["checkpoints"] = _every_checkpoint(cfg, engine, tests, folder, test)
+        result["checkpoints"] = _every_checkpoint(cfg, engine, tests, counted, folder, test)
     result["gpus"] = 1 if engine.device.type == "cuda" else 0
     result["checkpoint_layout"] = written
     result["seconds"] = round(time.time() - started, 2)
     if engine.rank.is_first:
         for name, r in measured.items():
             _log.info(
-                f"{name} loss {r['loss']:.4f}, perplexity {r['ppl']:.2f} over {r['tokens']} "
-                f"tokens ({folder.name})"
+                f"{name} loss {r['loss']:.4f}, perplexity {r['ppl']:.2f}, "
+                f"{r['bpb']:.4f} bits per byte over {r['tokens']} tokens ({folder.name})"
             )
         write_report(paths, result)
         files.write_json(paths.eval_done, result)  # last: the marker of a complete evaluation

@@ -1,79 +1,97 @@
-"""Downstream tasks (eval.harness_tasks) through EleutherAI's lm-evaluation-harness, when the
-`lm_eval` package is installed and the tasks' data is already on this machine: nothing is
-downloaded at run time (HF_DATASETS_OFFLINE=1, HF_HUB_OFFLINE=1). Otherwise the result says
-in one line why the tasks were skipped. lm_eval is not a dependency of the pipeline.
-"""
+"""Downstream tasks (eval.harness_tasks) through EleutherAI's lm-evaluation-harness, an optional
+extra (`pip install '.[eval]'`): its tasks, those of eval.task_paths beside them, scored by the
+pipeline's model in batches (pipeline.evaluation.harness_model). Scoring reads the tasks' data
+offline (HF_DATASETS_OFFLINE=1, HF_HUB_OFFLINE=1) from the task cache: compute nodes often have
+no network, and pipeline.evaluation.downstream fetches the data beforehand."""
 
 from __future__ import annotations
 
 import importlib.util
 import os
+from pathlib import Path
 
 import torch
 
 from pipeline.config import PipelineConfig
+from pipeline.config.derived import settled
 from pipeline.core import log
-from pipeline.evaluation.generate import continuation
+from pipeline.evaluation.scoring import Scorer
 
 _log = log.get()
 
-
-@torch.no_grad()
-def _scores(model, ids: list[int], vocab: int, device) -> tuple[torch.Tensor, torch.Tensor]:
-    """log p(ids[i] | ids[:i]) for i >= 1, and whether each was the most likely token."""
-    tokens = torch.tensor([ids[:-1]], device=device)
-    positions = torch.arange(len(ids) - 1, device=device).unsqueeze(0)
-    logits = model(tokens, positions, None)[0, :, :vocab].float().log_softmax(-1).cpu()
-    target = torch.tensor(ids[1:])
-    return logits.gather(1, target[:, None])[:, 0], logits.argmax(-1) == target
+NOT_INSTALLED = "the lm_eval package is not installed (pip install '.[eval]')"
 
 
-def loglikelihood(
-    model, sp, context: str, continuation: str, seq_length: int, device
-) -> tuple[float, bool]:
-    """log p(continuation | context), and whether greedy decoding would produce it; the context
-    starts after an end-of-document and is cut from the left to fit the model."""
-    tail = sp.encode(continuation)
-    if not tail:
-        return 0.0, True
-    ids = ([sp.eos_id()] + sp.encode(context) + tail)[-(seq_length + 1) :]
-    logprobs, greedy = _scores(model, ids, sp.vocab_size(), device)
-    return float(logprobs[-len(tail) :].sum()), bool(greedy[-len(tail) :].all())
+def installed() -> bool:
+    return importlib.util.find_spec("lm_eval") is not None
 
 
-def rolling_loglikelihood(model, sp, text: str, seq_length: int, device) -> float:
-    """log p(text) over windows of seq_length predictions, each token predicted once."""
-    ids = [sp.eos_id()] + sp.encode(text)
-    return sum(
-        float(_scores(model, ids[k : k + seq_length + 1], sp.vocab_size(), device)[0].sum())
-        for k in range(0, len(ids) - 1, seq_length)
+def cache_env(cache: Path | None, offline: bool) -> dict[str, str]:
+    """The environment that points Hugging Face datasets and hub downloads at the task cache,
+    and keeps them off the network when `offline` (on it otherwise, whatever was inherited)."""
+    env = {}
+    if cache is not None:
+        env.update(HF_DATASETS_CACHE=str(cache / "datasets"), HF_HUB_CACHE=str(cache / "hub"))
+    flag = "1" if offline else "0"
+    env.update(HF_DATASETS_OFFLINE=flag, HF_HUB_OFFLINE=flag, HF_EVALUATE_OFFLINE=flag)
+    return env
+
+
+def task_manager(task_paths: list[str]):
+    """The harness's tasks with those of eval.task_paths (folders of task YAMLs) added."""
+    from lm_eval.tasks import TaskManager
+
+    paths = [str(Path(p).expanduser()) for p in task_paths]
+    return TaskManager(include_path=paths or None)
+
+
+def batch_size(cfg: PipelineConfig) -> int:
+    """Requests per forward pass: eval.micro_batch_size (else train.micro_batch_size), which
+    fits whole sequences of model.seq_length, as long as any request may be."""
+    return cfg.eval.micro_batch_size or settled(cfg).micro_batch_size
+
+
+def max_length(cfg: PipelineConfig) -> int:
+    """The context the exported model declares (config.json's max_position_embeddings)."""
+    return cfg.model.max_position_embeddings or cfg.model.seq_length
+
+
+def model(
+    cfg: PipelineConfig,
+    net: torch.nn.Module,
+    sp,
+    device: torch.device,
+    rank: int = 0,
+    world: int = 1,
+    batch: int | None = None,
+):
+    """The harness's model over `net`, its requests split over `world` data-parallel ranks."""
+    from pipeline.evaluation.harness_model import PipelineLM
+
+    scorer = Scorer(net, sp.vocab_size(), device, batch or batch_size(cfg), rank, world)
+    return PipelineLM(scorer, sp, max_length(cfg))
+
+
+def evaluate(tasks: list[str], task_paths: list[str], lm, log_samples: bool = False) -> dict:
+    """lm_eval.simple_evaluate of `tasks` with `lm`, as it returns it."""
+    import lm_eval
+
+    return lm_eval.simple_evaluate(
+        model=lm, tasks=tasks, task_manager=task_manager(task_paths), log_samples=log_samples
     )
 
 
-def _generate_until(model, sp, context: str, options: dict, seq_length: int, device) -> str:
-    ids = continuation(model, sp, context, options.get("max_gen_toks", 256), seq_length, device)
-    text = sp.decode(ids)
-    for stop in options.get("until", []):
-        text = text.split(stop)[0]
-    return text
-
-
-def _lm(model, sp, seq_length: int, device):
-    from lm_eval.api.model import LM
-
-    class PipelineLM(LM):
-        def loglikelihood(self, requests):
-            return [loglikelihood(model, sp, *r.args, seq_length, device) for r in requests]
-
-        def loglikelihood_rolling(self, requests):
-            return [
-                rolling_loglikelihood(model, sp, r.args[0], seq_length, device) for r in requests
-            ]
-
-        def generate_until(self, requests):
-            return [_generate_until(model, sp, *r.args, seq_length, device) for r in requests]
-
-    return PipelineLM()
+def scores(out: dict) -> dict[str, dict[str, float]]:
+    """{task: {metric: value}} of simple_evaluate's results, metrics named as the harness
+    names them (acc,none; acc_stderr,none), values that are not numbers left out."""
+    return {
+        task: {
+            k: v
+            for k, v in metrics.items()
+            if isinstance(v, (int, float)) and not isinstance(v, bool)
+        }
+        for task, metrics in out["results"].items()
+    }
 
 
 def _skipped(tasks: list[str], why: str) -> dict:
@@ -82,25 +100,18 @@ def _skipped(tasks: list[str], why: str) -> dict:
     return {"tasks": tasks, "skipped": line}
 
 
-def run(cfg: PipelineConfig, model: torch.nn.Module, sp, device: torch.device) -> dict:
-    """Scores of eval.harness_tasks, or why they were skipped; {} when none are configured."""
+def run(cfg: PipelineConfig, net: torch.nn.Module, sp, device: torch.device) -> dict:
+    """Scores of eval.harness_tasks for the evaluation job, or why they were skipped; {} when
+    none are configured."""
     tasks = list(cfg.eval.harness_tasks)
     if not tasks:
         return {}
-    if importlib.util.find_spec("lm_eval") is None:
-        return _skipped(tasks, "the lm_eval package is not installed")
-    os.environ.update(HF_DATASETS_OFFLINE="1", HF_HUB_OFFLINE="1")  # before datasets is imported
+    if not installed():
+        return _skipped(tasks, NOT_INSTALLED)
+    os.environ.update(cache_env(None, offline=True))  # before datasets is imported
     try:
-        import lm_eval
-
-        out = lm_eval.simple_evaluate(
-            model=_lm(model, sp, cfg.model.seq_length, device), tasks=tasks
-        )
+        out = evaluate(tasks, list(cfg.eval.task_paths), model(cfg, net, sp, device))
     except Exception as e:  # most often the task data is not on this machine
         first = (str(e).strip().splitlines() or [""])[0]
         return _skipped(tasks, f"{type(e).__name__}: {first} (task data must be available offline)")
-    results = {
-        task: {k: v for k, v in metrics.items() if isinstance(v, (int, float))}
-        for task, metrics in out["results"].items()
-    }
-    return {"tasks": tasks, "results": results}
+    return {"tasks": tasks, "results": scores(out)}

@@ -26,7 +26,9 @@ class EvaluateStep(MarkedStep):
     placement = Placement.ONE_DEVICE
 
     def made_from(self, cfg: PipelineConfig) -> MadeFrom:
-        chosen = checkpoint_records.chosen(RunPaths.of(cfg.workdir), str(cfg.eval.checkpoint))
+        chosen = checkpoint_records.chosen(
+            RunPaths.of(cfg.workdir), str(cfg.eval.checkpoint), cfg.eval.select_by
+        )
         return provenance.made_from(
             keys.settings(cfg.eval, "eval"),
             verify=VERIFY.fingerprint(cfg),

@@ -43,7 +43,7 @@ def export(cfg: PipelineConfig, made_from: MadeFrom, out: Path) -> dict[str, Any
     refuse_foreign(out)
     model = cfg.model
     name = architectures.architecture(model)
-    source = checkpoint.verified(paths.checkpoints, str(cfg.eval.checkpoint))
+    source = checkpoint.verified(paths.checkpoints, str(cfg.eval.checkpoint), cfg.eval.select_by)
     state = files.read_json(source / "state.json")
     manifest = load_manifest(paths)
     sp = load(manifest["tokenizer"])

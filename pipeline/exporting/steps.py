@@ -29,7 +29,9 @@ class ExportStep(MarkedStep):
     placement = Placement.CPU
 
     def made_from(self, cfg: PipelineConfig) -> MadeFrom:
-        chosen = checkpoint_records.chosen(RunPaths.of(cfg.workdir), str(cfg.eval.checkpoint))
+        chosen = checkpoint_records.chosen(
+            RunPaths.of(cfg.workdir), str(cfg.eval.checkpoint), cfg.eval.select_by
+        )
         settings = keys.settings(cfg.export, "export")
         return provenance.made_from(
             settings,

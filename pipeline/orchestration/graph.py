@@ -2,7 +2,7 @@
 
     tokenize = tokenizer -> tokenize (an array, one task per shard) -> verify
     train    = index (the dataset index cache, on a CPU) -> train
-    evaluate = evaluate
+    evaluate = downstream (only with eval.harness_tasks) -> evaluate
     export   = export (a Hugging Face model folder; not among the default stages)
 
 Each step owns its completion check (pipeline.*/steps.py, each a pipeline.core.steps.Step); the
@@ -16,6 +16,7 @@ from __future__ import annotations
 from pipeline.config import PipelineConfig
 from pipeline.core.steps import ArrayStep, Step
 from pipeline.data.steps import INDEX, TOKENIZE, TOKENIZER, VERIFY
+from pipeline.evaluation.downstream_step import DOWNSTREAM
 from pipeline.evaluation.steps import EVALUATE
 from pipeline.exporting.steps import EXPORT
 from pipeline.training.steps import TRAIN
@@ -25,7 +26,7 @@ __all__ = ["ArrayStep", "Step", "steps", "pending", "by_name", "stage_of", "step
 STEPS_OF_STAGE: dict[str, list[Step]] = {
     "tokenize": [TOKENIZER, TOKENIZE, VERIFY],
     "train": [INDEX, TRAIN],
-    "evaluate": [EVALUATE],
+    "evaluate": [DOWNSTREAM, EVALUATE],
     "export": [EXPORT],
 }
 
@@ -35,7 +36,12 @@ ALL_STEPS: list[Step] = [step for stage in STEPS_OF_STAGE.values() for step in s
 
 def steps(cfg: PipelineConfig) -> list[Step]:
     """Every step the configured stages need, in order, complete ones included."""
-    return [step for stage in cfg.stages for step in STEPS_OF_STAGE[stage]]
+    return [step for stage in cfg.stages for step in STEPS_OF_STAGE[stage] if _needed(step, cfg)]
+
+
+def _needed(step: Step, cfg: PipelineConfig) -> bool:
+    """The downstream step is there when tasks are configured; every other step always."""
+    return step is not DOWNSTREAM or bool(cfg.eval.harness_tasks)
 
 
 def pending(cfg: PipelineConfig) -> list[Step]:
@@ -52,5 +58,6 @@ def stage_of(name: str) -> str:
 
 
 def step_named(name: str) -> Step:
-    """Any step by its name (tokenizer, tokenize, verify, index, train, evaluate, export)."""
+    """Any step by its name (tokenizer, tokenize, verify, index, train, downstream, evaluate,
+    export)."""
     return {step.name: step for step in ALL_STEPS}[name]

@@ -24,6 +24,7 @@ from pipeline.orchestration import (
     reruns,
     slurm_queue,
     sweep,
+    task_data,
 )
 from pipeline.orchestration.reruns import Verdict
 from pipeline.planning import preflight, render, run_plan
@@ -46,6 +47,7 @@ def launch(cfg: PipelineConfig, given: list[str]) -> int:
     steps to run; print where it all went. `given`: this command line's overrides, recorded
     in runs.jsonl. A dry run prints what it would do, and writes nothing."""
     cfg, plan = refusals(cfg)
+    fetch_tasks = task_data.check(cfg)
     verdicts = reruns.judge(cfg)
     reruns.refuse_changes(cfg, verdicts)
     if cfg.cluster.executor == "slurm" and not cfg.dry_run:
@@ -81,6 +83,8 @@ def launch(cfg: PipelineConfig, given: list[str]) -> int:
         files.write_text(paths.config, config.to_yaml(cfg))
         if plan is not None:
             run_plan.write(plan, paths.root)
+        if fetch_tasks:  # once, before any job that reads it offline
+            task_data.fetch(cfg)
         _run_pending(cfg, verdicts, plan, prepare=True)
     print(f"\nRun folder: {paths.root}")
     if paths.summary.exists():

@@ -16,6 +16,7 @@ from pipeline.orchestration.slurm_queue import FAILED, latest_submission, slurm_
 from pipeline.reporting.summary import read_failures, read_stragglers
 from pipeline.resilience import progress
 from pipeline.runtime import placement
+from pipeline.training import leases
 
 STATES = {
     "complete": "COMPLETE",
@@ -86,6 +87,33 @@ def describe(cfg: PipelineConfig) -> list[tuple[str, str, str]]:
         if step.name == "train":
             detail += _faults(paths)
         rows.append((step.name, "/".join(names), detail))
+    return rows + scoring_rows(paths)
+
+
+def scoring_rows(paths: RunPaths) -> list[tuple[str, str, str]]:
+    """A row for each checkpoint scored, or being scored, on the downstream tasks: RUNNING
+    (its lease's job is alive), DONE (its scores), FAILED (its job's error, or its job ended
+    without scores)."""
+    names = {p.name for p in paths.checkpoints.glob("iter_*") if (p / leases.LEASE).exists()}
+    names |= {p.stem for p in paths.downstream_dir.glob("iter_???????.json")}
+    names |= {p.name.split(".")[0] for p in paths.downstream_dir.glob("iter_*.failed.json")}
+    rows = []
+    for name in sorted(names):
+        folder, row = paths.checkpoints / name, f"downstream {name}"
+        lease = files.read_json_or_none(folder / leases.LEASE) if folder.is_dir() else None
+        failure = files.read_json_or_none(paths.downstream_failure(name))
+        result = files.read_json_or_none(paths.downstream_result(name))
+        if lease is not None and leases.holder(folder) is not None:
+            job = f"job {lease['job']}" if lease.get("job") else f"pid {lease.get('pid')}"
+            rows.append((row, "RUNNING", f"{job} on {lease.get('host')}"))
+        elif failure is not None:
+            rows.append((row, "FAILED", f"{failure['error']} ({failure['at']})"))
+        elif result is not None:
+            tasks = ", ".join(sorted(result.get("tasks", {})))
+            rows.append((row, "DONE", f"step {result.get('step')}: {tasks}"))
+        else:
+            log = paths.downstream_log(name)
+            rows.append((row, "FAILED", f"its job ended without scores (log: {log})"))
     return rows
 
 

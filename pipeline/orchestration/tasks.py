@@ -92,3 +92,18 @@ class ArrayTask:
     def __call__(self, index: int) -> Any:
         os.environ.setdefault("OMP_NUM_THREADS", str(self.cfg.cluster.cpus_per_task))
         return self.step.run_task(self.cfg, index)
+
+
+class ScoreTask:
+    """The job that scores one checkpoint on the downstream tasks while training goes on."""
+
+    def __init__(self, cfg: PipelineConfig, folder: str):
+        self.cfg, self.folder = cfg, folder
+
+    def __call__(self) -> dict:
+        from pathlib import Path
+
+        from pipeline.evaluation.checkpoint_scoring import score  # torch: imported by the job
+
+        share_cpu_threads()
+        return score(self.cfg, Path(self.folder))

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from pipeline.core import files
 from pipeline.core.paths import RunPaths
+from pipeline.reporting.downstream_section import downstream_blocks
 from pipeline.reporting.plan_section import plan_blocks
 from pipeline.reporting.plots import loss_series, plot_checkpoints, plot_losses, plot_throughput
 from pipeline.reporting.summary import (
@@ -235,6 +236,7 @@ def _results_section(paths: RunPaths, evaluation: dict) -> list[tuple]:
                 r["tokens"],
                 f"{r['loss']:.4f}",
                 f"{r['ppl']:.2f}",
+                f"{r['bpb']:.4f}" if "bpb" in r else "-",
                 sum(r["rejected"].values()) if "rejected" in r else "-",
             )
             for name, r in sets.items()
@@ -243,7 +245,15 @@ def _results_section(paths: RunPaths, evaluation: dict) -> list[tuple]:
             ("p", "Every set, by the same checkpoint (test: the held-out split):"),
             (
                 "table",
-                ("set", "documents", "tokens", "loss", "perplexity", "rejected records"),
+                (
+                    "set",
+                    "documents",
+                    "tokens",
+                    "loss",
+                    "perplexity",
+                    "bits/byte",
+                    "rejected records",
+                ),
                 rows,
             ),
         ]
@@ -360,6 +370,7 @@ def report_blocks(paths: RunPaths, evaluation: dict) -> list[tuple]:
         *_faults_section(paths),
         *_stragglers_section(paths),
         *_results_section(paths, evaluation),
+        *downstream_blocks(paths),
         *_samples_section(evaluation),
         *_jobs_section(paths, evaluation, metrics),
         ("h2", "Configuration"),

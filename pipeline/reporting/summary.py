@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from pipeline.core import files
+from pipeline.core import files, scores
 from pipeline.core.paths import RunPaths
 
 SUMMARY_FROM_TRAIN = (
@@ -22,7 +22,7 @@ SUMMARY_FROM_TRAIN = (
     "wall_seconds",
     "gpu_hours",
 )
-SUMMARY_FROM_EVAL = ("test_loss", "test_ppl", "test_tokens", "checkpoint")
+SUMMARY_FROM_EVAL = ("test_loss", "test_ppl", "test_bpb", "test_tokens", "checkpoint")
 
 
 @dataclass(frozen=True)
@@ -108,5 +108,10 @@ def write_summary(paths: RunPaths, evaluation: dict | None = None) -> dict:
     summary.update({k: evaluation[k] for k in SUMMARY_FROM_EVAL if k in evaluation})
     if "sets" in evaluation:
         summary["set_ppl"] = {name: r["ppl"] for name, r in evaluation["sets"].items()}
+        summary["set_bpb"] = {name: r.get("bpb") for name, r in evaluation["sets"].items()}
+    scored = scores.read(paths)
+    if scored:  # each checkpoint scored on the downstream tasks, by step
+        keys = ("checkpoint", "step", "tokens", "tasks")
+        summary["downstream"] = [{k: r.get(k) for k in keys} for r in scored]
     files.write_json(paths.summary, summary)
     return summary

@@ -17,7 +17,6 @@ from __future__ import annotations
 import hashlib
 import os
 import random
-import re
 import warnings
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -27,18 +26,15 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from pipeline.core import files
+from pipeline.core import files, scores
 from pipeline.core.errors import ConfigError, NonFinite
 from pipeline.core.paths import BEST_CHECKPOINT as BEST
 from pipeline.core.paths import CHECKPOINT_TRACKER as TRACKER
+from pipeline.core.paths import RunPaths
 from pipeline.model.dist_checkpoint import FOLDER
 from pipeline.runtime import distributed
-
-NAME = re.compile(r"iter_\d{7}")  # a finished checkpoint; .partial and .deleting ones are not
-
-
-def folder_name(step: int) -> str:
-    return f"iter_{step:07d}"
+from pipeline.training import retention
+from pipeline.training.retention import finished, folder_name
 
 
 def _listing(folder: Path) -> dict[str, int]:
@@ -232,12 +228,12 @@ def complete(root: Path, partial: Path, step: int, state: dict, keep_last: int) 
         }
         files.write_json(partial / "COMPLETE.json", complete)
         if final.exists():  # a save of this step from an earlier attempt, since resumed from
-            _discard(final, root.parent)
+            retention.discard(final, root.parent)
         partial.rename(final)
         files.fsync_dir(root)
         files.write_text(root / TRACKER, final.name + "\n")  # only ever names a whole save
         _update_best(root, final, state)
-        _apply_retention(root, keep_last)
+        retention.apply(root, keep_last)
     _barrier()
     return final
 
@@ -275,35 +271,6 @@ def _update_best(root: Path, folder: Path, state: dict) -> None:
         files.write_json(root / BEST, {"name": folder.name, "step": state["step"], "val_loss": val})
 
 
-def _discard(folder: Path, workdir: Path) -> None:
-    """Delete a checkpoint folder: renamed first, so a kill midway leaves no half-deleted
-    folder under a checkpoint's name. Links, and folders outside the run, are left alone."""
-    if not files.owned_folder(folder, workdir):
-        warnings.warn(f"not deleting {folder}: it leads outside {workdir}", stacklevel=2)
-        return
-    doomed = folder.with_name(folder.name + ".deleting")
-    folder.rename(doomed)
-    files.remove_tree(doomed, workdir)
-
-
-def finished(root: Path) -> list[Path]:
-    """The checkpoint folders under `root` by step, without .partial and .deleting ones."""
-    return sorted(p for p in root.glob("iter_*") if NAME.fullmatch(p.name))
-
-
-def _apply_retention(root: Path, keep_last: int) -> None:
-    workdir = root.parent
-    best = files.read_json_or_none(root / BEST)
-    keep = {best["name"]} if best else set()
-    done = finished(root)
-    keep.update(p.name for p in done[-keep_last:])
-    for path in done:
-        if path.name not in keep:
-            _discard(path, workdir)
-    for path in root.glob("iter_*.*"):  # left by saves or deletions that were killed
-        files.remove_tree(path, workdir)
-
-
 def latest(root: Path, checksums: bool = True, collective: bool = False) -> Path | None:
     """The newest valid checkpoint; damaged or incomplete ones are skipped with a warning.
     `collective`: every rank calls it and shares the reading (see _checksums)."""
@@ -324,9 +291,12 @@ def best(root: Path, checksums: bool = True) -> Path | None:
     return latest(root, checksums)
 
 
-def verified(root: Path, choice: str) -> Path:
+def verified(root: Path, choice: str, select_by: str | None = None) -> Path:
     """The valid checkpoint that eval.checkpoint=`choice` names (best, latest or a folder), or
-    a ConfigError saying, in one line, why there is none."""
+    a ConfigError saying, in one line, why there is none. With `select_by` (eval.select_by),
+    best is the scored checkpoint with the best value of that task's metric."""
+    if choice == "best" and select_by:
+        return _best_scored(root, select_by)
     if choice in ("best", "latest"):  # each returns a verified checkpoint, or None
         folder = {"best": best, "latest": latest}[choice](root)
         if folder is None:
@@ -348,6 +318,19 @@ def verified(root: Path, choice: str) -> Path:
     if why is not None:
         raise ConfigError(f"{key}: {choice} is not a whole, valid checkpoint ({why})")
     return folder.resolve()
+
+
+def _best_scored(root: Path, select_by: str) -> Path:
+    name = scores.best(RunPaths(root.parent), select_by)
+    if name is None:
+        raise ConfigError(
+            f"eval.select_by={select_by}: no checkpoint under {root} was scored on it (the "
+            "downstream step scores the last one; eval.harness_every scores more)"
+        )
+    why = problem(root / name)
+    if why is not None:
+        raise ConfigError(f"eval.select_by={select_by}: {root / name} is not valid ({why})")
+    return (root / name).resolve()
 
 
 def load(folder: Path, backend, chunks, optimizer) -> dict:

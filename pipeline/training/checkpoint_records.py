@@ -4,7 +4,7 @@ eval.checkpoint names, and whether a run can resume under another parallel layou
 
 from __future__ import annotations
 
-from pipeline.core import files
+from pipeline.core import files, scores
 from pipeline.core.paths import RunPaths
 
 LAYOUT_KEYS = ("tensor", "pipeline", "virtual_pipeline")
@@ -28,11 +28,14 @@ def tracked_state(paths: RunPaths) -> dict | None:
     return None
 
 
-def chosen(paths: RunPaths, choice: str) -> str | None:
-    """The checkpoint eval.checkpoint names, by its records (best.json, latest.txt) or as
-    given; None when there is none yet. The evaluation verifies it before reading it."""
+def chosen(paths: RunPaths, choice: str, select_by: str | None = None) -> str | None:
+    """The checkpoint eval.checkpoint names, by its records (best.json, latest.txt; with
+    eval.select_by, best is the best scored one) or as given; None when there is none yet. The
+    evaluation verifies it before reading it."""
     if choice not in ("best", "latest"):
         return choice
+    if choice == "best" and select_by:
+        return scores.best(paths, select_by)
     best = files.read_json_or_none(paths.best_checkpoint_record) if choice == "best" else None
     if best is not None:
         return best["name"]

@@ -31,6 +31,7 @@ from pipeline.training.hooks import step_hooks
 from pipeline.training.metrics import MetricsLog, Throughput, console_line
 from pipeline.training.saver import CheckpointSaver
 from pipeline.training.schedule import lr_scheduler
+from pipeline.training.scoring_jobs import ScoringJobs
 from pipeline.training.signals import StopRequest
 
 _log = log.get()
@@ -100,6 +101,7 @@ class Trainer(Engine):
             t.async_save,
             cfg.resilience.max_failed_saves,
         )
+        self.scoring = ScoringJobs(cfg, starts=self.rank.is_first)
         self.throughput = self._throughput()
         self.state = RunState()
         self._clock = time.time()  # this attempt's wall time is added to the state from here
@@ -257,6 +259,7 @@ class Trainer(Engine):
             return
         progress.save_took(record["checkpoint_total_s"])
         self.metrics.record(record)
+        self.scoring.saved(record["step"])  # eval.harness_every: its own job, not waited for
         _log.info(
             f"checkpoint of step {record['step']} complete: training waited "
             f"{record['checkpoint_blocked_s']:.2f} s, the save took "
@@ -368,6 +371,7 @@ class Trainer(Engine):
                 progress.phase("save")
                 self._saved(self.saver.wait(last=True))
                 self.saver.close()
+                self.scoring.finish()
                 self.metrics.close()
                 requeue = stop.continues(self.device)
                 signals = ", ".join(signal.Signals(s).name for s in sorted(stop.received))
@@ -379,6 +383,7 @@ class Trainer(Engine):
         progress.phase("finish")
         self._saved(self.saver.wait(last=True))
         self.saver.close()
+        self.scoring.finish()
         result = self._finish()
         self.metrics.close(finished=self.rank.is_first)  # the report, where _finish wrote it
         stop.ignore_warnings()

@@ -4,7 +4,6 @@ sweep's comparison. One run (resumed once, as after a crash) serves every test."
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import shutil
@@ -45,7 +44,6 @@ def run(tmp_path_factory) -> tuple[Path, list[str]]:
         *SMALL_SERIAL,
         f"+eval.extra_sets={{code: {extra}/*.jsonl}}",
         "eval.all_checkpoints=true",
-        "eval.harness_tasks=[hellaswag]",
     ]
     pipeline(*args, "stages=[tokenize,train]")
     # as if the training job had died after its step-10 checkpoint: the rerun resumes from it
@@ -121,7 +119,7 @@ def test_test_perplexity_recomputed_from_the_test_documents_matches_the_report(r
     from megatron.core.datasets.indexed_dataset import IndexedDataset
 
     workdir, _ = run
-    cfg, net, _ = fresh_model
+    cfg, net, sp = fresh_model
     manifest = datasets.load_manifest(RunPaths.of(cfg.workdir))
     pieces = []
     for f in manifest["sources"]["corpus"]["files"]["test"]:
@@ -132,51 +130,42 @@ def test_test_perplexity_recomputed_from_the_test_documents_matches_the_report(r
     evaluation = _evaluation(workdir)
     assert count == evaluation["test_tokens"] == manifest["total"]["split_tokens"]["test"] - 1
     assert math.exp(loss) == pytest.approx(evaluation["test_ppl"], rel=1e-4)
+    # bits per byte: the summed loss over the UTF-8 bytes of the documents' text, less the
+    # first token's (the one token never predicted)
+    text = sum(len(sp.decode(p[:-1].tolist()).encode()) for p in pieces)
+    text -= len(sp.decode(pieces[0][:1].tolist()).encode())
+    bpb = loss * count / (math.log(2) * text)
+    assert evaluation["test_bpb"] == pytest.approx(bpb, rel=1e-4)
+    assert evaluation["sets"]["test"]["bytes"] == text
     report = (workdir / "report.md").read_text()
     assert f"| test_ppl | {evaluation['test_ppl']} |" in report
+    assert f"| test_bpb | {evaluation['test_bpb']} |" in report
+    summary = json.loads((workdir / "summary.json").read_text())
+    assert summary["test_bpb"] == summary["set_bpb"]["test"] == evaluation["test_bpb"]
 
 
 def test_extra_sets_are_tokenized_with_the_runs_tokenizer_and_reported(run, fresh_model):
     workdir, _ = run
     cfg, net, sp = fresh_model
-    documents = []
+    documents, text = [], 0
     for line in (workdir.parent / "extra" / "code.jsonl").read_text().splitlines():
         if line not in EXTRA_BAD_LINES:
             documents.append(np.array(sp.encode(json.loads(line)["text"]) + [sp.eos_id()]))
+            text += len(json.loads(line)["text"].encode())  # the records as written
     loss, count = _mean_loss(net, np.concatenate(documents), cfg.model.seq_length)
     code = _evaluation(workdir)["sets"]["code"]
     assert code["documents"] == len(documents) and code["tokens"] == count
     assert code["rejected"] == {"malformed_json": 1, "missing_text": 1}
     assert code["ppl"] == pytest.approx(math.exp(loss), rel=1e-4)
+    text -= len(sp.decode(documents[0][:1].tolist()).encode())  # never predicted
+    assert code["bpb"] == pytest.approx(loss * count / (math.log(2) * text), rel=1e-4)
     summary = json.loads((workdir / "summary.json").read_text())
     assert summary["set_ppl"]["code"] == code["ppl"]
+    assert summary["set_bpb"]["code"] == code["bpb"]
     report = (workdir / "report.md").read_text()
-    row = f"| code | {len(documents)} | {count} | {code['loss']:.4f} | {code['ppl']:.2f} | 2 |"
+    figures = f"{code['loss']:.4f} | {code['ppl']:.2f} | {code['bpb']:.4f}"
+    row = f"| code | {len(documents)} | {count} | {figures} | 2 |"
     assert row in report
-
-
-def test_the_harness_scores_are_the_models_log_likelihoods(fresh_model):
-    from pipeline.evaluation import harness
-
-    cfg, net, sp = fresh_model
-    context, continuation = "def read(path):", "\n    return open(path).read()"
-    ids = [sp.eos_id()] + sp.encode(context) + sp.encode(continuation)
-    tail = len(sp.encode(continuation))
-    with torch.no_grad():
-        logits = net(torch.tensor([ids[:-1]]), torch.arange(len(ids) - 1)[None], None)[0]
-    per_token = -F.cross_entropy(logits.double(), torch.tensor(ids[1:]), reduction="none")
-    score, _ = harness.loglikelihood(net, sp, context, continuation, cfg.model.seq_length, "cpu")
-    assert score == pytest.approx(float(per_token[-tail:].sum()), rel=1e-5)
-
-
-def test_downstream_tasks_say_in_one_line_why_they_were_skipped(run):
-    workdir, _ = run
-    result = _evaluation(workdir)["harness"]
-    if importlib.util.find_spec("lm_eval") is not None:
-        pytest.skip("lm_eval is installed here")
-    line = "lm-evaluation-harness skipped (hellaswag): the lm_eval package is not installed"
-    assert result["skipped"] == line
-    assert f"\n{line}\n" in (workdir / "report.md").read_text()
 
 
 def test_the_report_plots_both_loss_curves_once_per_step(run):

@@ -188,3 +188,32 @@ def test_tensorboard_holds_each_key_once_a_step(tmp_path):
     board.Reload()
     steps = {key: [e.step for e in board.Scalars(key)] for key in board.Tags()["scalars"]}
     assert steps == {"loss": [10, 20], "val_loss": [10], "tokens": [10, 20]}, steps
+
+
+def test_a_scoring_job_logs_into_the_runs_tracker_at_the_checkpoints_step(tmp_path, monkeypatch):
+    """The downstream job's scores, in the training's MLflow run and TensorBoard, at the step
+    of the checkpoint it scored (the training has logged later steps meanwhile)."""
+    from pipeline.evaluation import checkpoint_scoring
+    from pipeline.tracking.trackers import Trackers
+
+    monkeypatch.chdir(tmp_path)
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    cfg = make_config(
+        tmp_path / "run", "logging.mlflow.enabled=true", f"logging.mlflow.tracking_uri={uri}"
+    )
+    paths = RunPaths.of(cfg.workdir)
+    paths.root.mkdir(parents=True)
+    training = Trackers.open(cfg, paths)  # the training's run, which the scoring job continues
+    training.log({"step": 20, "loss": 5.0})
+    training.finish()
+    record = {"step": 10, "tasks": {"tiny_choice": {"acc,none": 0.5, "acc_stderr,none": 0.2}}}
+    values = checkpoint_scoring.flat(record)
+    assert values == {"downstream/tiny_choice/acc": 0.5}
+    checkpoint_scoring._to_trackers(cfg, paths, 10, values)
+    from mlflow.tracking import MlflowClient
+
+    saved = json.loads(paths.tracking.read_text())["mlflow"]
+    client = MlflowClient(tracking_uri=saved["tracking_uri"])
+    history = client.get_metric_history(saved["run_id"], "downstream/tiny_choice/acc")
+    assert [(m.step, m.value) for m in history] == [(10, 0.5)]
+    assert list((paths.tensorboard / "downstream").glob("events.out.tfevents.*"))

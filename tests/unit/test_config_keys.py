@@ -208,6 +208,8 @@ def refused_values(tmp_path: Path) -> dict[str, list]:
         rules.SBATCH_OPTIONS.says: [{"bad name": "x"}, {"exclusive": False}],
         rules.ENVIRONMENT.says: [{"NCCL-IB": "x"}, {"HF_TOKEN": "x"}],
         rules.MOUNTS.says: [["/lustre"], ["/a:/b,/c:/d"]],
+        rules.FOLDERS.says: [[str(tmp_path / "nowhere")], [str(afile)]],
+        rules.TASK_METRIC.says: ["hellaswag", "hellaswag/", "a/b/c"],
     }
 
 
@@ -256,6 +258,8 @@ ACROSS_KEYS = {
     "train.profile_steps": "[first, last] within train.steps",
     "eval.checkpoint": "a folder, or one the training of this command makes",
     "eval.extra_sets": "their files are read when stages has evaluate",
+    "eval.harness_every": "needs eval.harness_tasks and train.save_interval",
+    "eval.select_by": "its task among eval.harness_tasks",
     "cluster.tasks_per_node": "one per GPU (cluster.gpus_per_node)",
     "cluster.executor": "one that runs on cluster.name",
     "cluster.container_mounts": "needs cluster.container_image",

@@ -55,7 +55,17 @@ BELOW = {
 }
 BELOW["orchestration"] = set(BELOW) | {"planning"}
 # the package's face and the command lines
-ENTRY_POINTS = {"pipeline", "__main__", "cli", "step", "status", "plan", "export", "usage"}
+ENTRY_POINTS = {
+    "pipeline",
+    "__main__",
+    "cli",
+    "step",
+    "status",
+    "plan",
+    "export",
+    "score",
+    "usage",
+}
 
 
 def module_name(path: Path) -> str:

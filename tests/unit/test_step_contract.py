@@ -14,7 +14,7 @@ def test_every_step_of_the_graph_keeps_the_contract():
     for step in graph.ALL_STEPS:
         assert isinstance(step, Step), step.name
     marked = {s.name for s in graph.ALL_STEPS if isinstance(s, MarkedStep)}
-    assert marked == {"tokenizer", "verify", "index", "train", "evaluate", "export"}
+    assert marked == {"tokenizer", "verify", "index", "train", "downstream", "evaluate", "export"}
 
 
 class Greeting(MarkedStep):

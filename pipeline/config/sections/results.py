@@ -47,7 +47,10 @@ class EvalConfig:
     )
     # folders of task YAMLs with their data on local disk: compute nodes often have no network
     task_paths: list[str] = key(
-        role=OUTPUT, help="folders of task YAMLs the harness reads besides its own", factory=list
+        role=OUTPUT,
+        help="folders of task YAMLs the harness reads besides its own",
+        factory=list,
+        rule=r.FOLDERS,
     )
     # tasks' data fetched once on submission (from a login node with network), read offline
     cache_dir: str | None = key(
@@ -55,7 +58,10 @@ class EvalConfig:
     )
     # none: the lowest validation loss; TASK/METRIC (hellaswag/acc_norm): the best score
     select_by: str | None = key(
-        None, OUTPUT, "the best checkpoint by a task's metric (TASK/METRIC); none: validation loss"
+        None,
+        OUTPUT,
+        "the best checkpoint by a task's metric (TASK/METRIC); none: validation loss",
+        rule=r.TASK_METRIC,
     )
 
 

@@ -6,6 +6,7 @@ else is asked of Slurm goes through pipeline.resilience.scheduler."""
 from __future__ import annotations
 
 import shlex
+from pathlib import Path
 from typing import Any
 
 from pipeline.config import PipelineConfig
@@ -16,7 +17,7 @@ from pipeline.core.steps import Placement
 from pipeline.orchestration import slurm_queue
 from pipeline.orchestration.executors.base import resources
 from pipeline.orchestration.graph import Step
-from pipeline.orchestration.tasks import ArrayTask, DistributedTask
+from pipeline.orchestration.tasks import ArrayTask, DistributedTask, ScoreTask
 from pipeline.resilience.decisions import Limits
 from pipeline.resilience.supervisor import Attempts, Supervisor
 
@@ -163,3 +164,13 @@ class SlurmExecutor:
             tasks = f" ({len(ids)} array tasks)" if step.placement is Placement.ARRAY else ""
             _log.info(f"{step.name}: submitted job {previous}{tasks}")
         return submitted
+
+
+def submit_scoring(cfg: PipelineConfig, folder: Path) -> str:
+    """A job of the downstream step's resources that scores the checkpoint `folder`, with no
+    dependency (the training that saved it goes on); returns its id."""
+    from pipeline.evaluation.downstream_step import DOWNSTREAM
+
+    executor = _executor(cfg, DOWNSTREAM, None)
+    executor.update_parameters(job_name=f"pretrain-downstream-{folder.name}")
+    return executor.submit(ScoreTask(cfg, str(folder))).job_id
