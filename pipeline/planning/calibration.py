@@ -14,11 +14,12 @@ from __future__ import annotations
 import json
 import re
 import statistics
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
 from pipeline.config import ModelConfig
 from pipeline.config.choices import RECOMPUTE_MODES
+from pipeline.config.sections.model import MoeConfig
 from pipeline.planning.hardware import Hardware, preset
 from pipeline.planning.memory import memory_per_gpu
 from pipeline.planning.parallel_layout import ParallelLayout
@@ -44,9 +45,32 @@ class Row:
     role: str  # "fit" or "held_out"
 
 
-def model_of(spec: dict) -> ModelConfig:
+@dataclass
+class PublishedModel(ModelConfig):
+    """A published model's shape, with what the pipeline's config cannot describe: an attention
+    head width other than hidden / heads (Qwen3's 128; pipeline.model.sizes.kv_channels)."""
+
+    kv_channels: int | None = field(default=None)
+
+
+def moe_of(spec: dict | None) -> MoeConfig:
+    """A published row's experts ("moe": experts, top_k, expert_ffn, shared experts and their
+    width, dense first layers); none: a dense model."""
+    if not spec:
+        return MoeConfig()
+    shared = (spec.get("shared_experts") or 0) * (spec.get("shared_expert_ffn") or 0)
+    return MoeConfig(
+        experts=spec["experts"],
+        top_k=spec["top_k"],
+        ffn_hidden_size=spec["expert_ffn"],
+        shared_expert_ffn_hidden_size=shared,
+        first_dense_layers=spec.get("dense_layers") or 0,
+    )
+
+
+def model_of(spec: dict, moe: dict | None = None) -> ModelConfig:
     heads = spec["heads"]
-    return ModelConfig(
+    return PublishedModel(
         name=spec["name"],
         num_layers=spec["layers"],
         hidden_size=spec["hidden"],
@@ -61,6 +85,8 @@ def model_of(spec: dict) -> ModelConfig:
         add_bias_linear=spec["bias"],
         hidden_dropout=spec["dropout"],
         attention_dropout=spec["dropout"],
+        moe=moe_of(moe),
+        kv_channels=spec.get("kv_channels"),
     )
 
 
@@ -71,6 +97,8 @@ def layout_of(r: dict) -> ParallelLayout:
         pipeline=r["pp"],
         data=r["dp"],
         context=r["cp"],
+        expert=(r.get("moe") or {}).get("ep") or 1,
+        expert_tensor=(r.get("moe") or {}).get("etp"),
         micro_batch=r["micro_batch"],
         grad_accum=per_rank // r["micro_batch"],
         recompute=r["recompute"],
@@ -100,7 +128,7 @@ def load(path: Path = PUBLISHED) -> list[Row]:
     return [
         Row(
             id=r["id"],
-            model=model_of(r["model"]),
+            model=model_of(r["model"], r.get("moe")),
             vocab=r["model"]["vocab"],
             hardware=preset(r["gpu"]),
             layout=layout_of(r),

@@ -29,6 +29,10 @@ class ParallelLayout:
     pipeline_split: PipelineSplit = EVEN
     sequence_parallel: bool = False
     context: int = 1  # context-parallel ranks (published runs, planned runs; trained with 1)
+    # MoE: experts shared out over `expert` ranks inside data parallelism, each expert split over
+    # `expert_tensor` ranks (None: tensor)
+    expert: int = 1
+    expert_tensor: int | None = None
     distributed_optimizer: bool = True
     overlap_grad_reduce: bool = False
     overlap_param_gather: bool = False
@@ -43,6 +47,16 @@ class ParallelLayout:
     @property
     def gpus(self) -> int:
         return self.tensor * self.pipeline * self.context * self.data
+
+    @property
+    def expert_tensor_size(self) -> int:
+        return self.expert_tensor or self.tensor
+
+    @property
+    def expert_data(self) -> int:
+        """Ranks holding the same experts, over which their optimizer state is sharded:
+        megatron-core's TP x CP x DP = expert-TP x EP x expert-DP."""
+        return self.tensor * self.context * self.data // (self.expert_tensor_size * self.expert)
 
     @property
     def global_batch(self) -> int:
@@ -65,6 +79,8 @@ class ParallelLayout:
             pipeline_split=PipelineSplit.of(p),
             sequence_parallel=sp,
             context=p.context,
+            expert=p.expert,
+            expert_tensor=p.expert_tensor,
             distributed_optimizer=p.distributed_optimizer,
             overlap_grad_reduce=p.overlap_grad_reduce,
             # megatron-core gathers weights only with the distributed optimizer
@@ -78,6 +94,10 @@ class ParallelLayout:
     def describe(self) -> str:
         vp = f" (x{self.virtual_pipeline} virtual)" if self.virtual_pipeline else ""
         sp = ", sequence parallel" if self.sequence_parallel else ""
+        if self.expert > 1 or self.expert_tensor:
+            sp += f", EP={self.expert}" + (
+                f" ETP={self.expert_tensor}" if self.expert_tensor else ""
+            )
         return (
             f"TP={self.tensor} PP={self.pipeline}{vp} DP={self.data}, micro-batch "
             f"{self.micro_batch} x accumulation {self.grad_accum}, recompute {self.recompute}"
