@@ -44,6 +44,10 @@ class Row:
     source: str
     role: str  # "fit" or "held_out"
 
+    @property
+    def moe(self) -> bool:
+        return self.model.moe.experts > 0
+
 
 @dataclass
 class PublishedModel(ModelConfig):
@@ -92,13 +96,17 @@ def model_of(spec: dict, moe: dict | None = None) -> ModelConfig:
 
 def layout_of(r: dict) -> ParallelLayout:
     per_rank = r["global_batch"] // r["dp"]
+    moe = r.get("moe") or {}
     return ParallelLayout(
         tensor=r["tp"],
         pipeline=r["pp"],
         data=r["dp"],
         context=r["cp"],
-        expert=(r.get("moe") or {}).get("ep") or 1,
-        expert_tensor=(r.get("moe") or {}).get("etp"),
+        expert=moe.get("ep") or 1,
+        expert_tensor=moe.get("etp"),
+        ep_comm_overlap=moe.get("a2a_overlap", False),
+        dispatcher_host_sync=moe.get("dispatcher_host_sync", True),
+        ep_dedup=moe.get("dispatcher") == "flex",
         micro_batch=r["micro_batch"],
         grad_accum=per_rank // r["micro_batch"],
         recompute=r["recompute"],
@@ -162,7 +170,16 @@ SET_NAMES = {
     "fit": "Fitted rows",
     "held_out": "Held-out rows (never fitted on)",
     "unseen_sources": "Held-out rows from sources no fitted row comes from",
+    "moe_fit": "  of them MoE, fitted",
+    "moe_held_out": "  of them MoE, held out",
 }
+
+
+def moe_sets(rows: list[Row]) -> dict[str, list[Row]]:
+    """The mixture-of-experts rows among the complete ones, fitted and held out: shown apart,
+    within the bounds' sets."""
+    sets = counted_sets(rows)
+    return {f"moe_{name}": [r for r in sets[name] if r.moe] for name in ("fit", "held_out")}
 
 
 def capacity(hw: Hardware) -> int:
@@ -242,7 +259,9 @@ def constants_lines(constants: Constants = CONSTANTS) -> list[str]:
         "gemm_half_dim": "fitted; small hidden sizes (the single-H200 rows) pin it",
         "attention_fraction": "fitted; flash attention's reach of the bf16 peak",
         "layer_overhead_ms": "fitted on the single-H200 micro-batch sweeps (0.37-0.46 each)",
-        "tp_overlap_hidden": "set, not fitted: TE's userbuffers hide most but not all of it",
+        "tp_overlap_hidden": "set, not fitted: TE's userbuffers hide most but not all of it "
+        "(and moe_a2a_overlap the dispatcher's all-to-alls)",
+        "moe_expert_overhead_ms": "fitted on the two single-H200 MoE rows (32 local experts)",
     }
     return [
         f"  {f.name} = {getattr(constants, f.name):g}  ({notes[f.name]})" for f in fields(constants)

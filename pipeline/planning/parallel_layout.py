@@ -33,6 +33,13 @@ class ParallelLayout:
     # `expert_tensor` ranks (None: tensor)
     expert: int = 1
     expert_tensor: int | None = None
+    # published MoE runs: the dispatcher's all-to-alls overlapped with another micro-batch's
+    # compute (megatron-core's moe_a2a_overlap), a dispatcher that never waits on the host
+    # (CUDA-graphed router and preprocessing), one that sends a token once to each other node
+    # (HybridEP, DeepEP); this pipeline runs megatron-core's plain all-to-all dispatcher
+    ep_comm_overlap: bool = False
+    dispatcher_host_sync: bool = True
+    ep_dedup: bool = False
     distributed_optimizer: bool = True
     overlap_grad_reduce: bool = False
     overlap_param_gather: bool = False

@@ -52,6 +52,9 @@ class Constants:
     attention_fraction: float = 0.50  # of the bf16 peak flash attention reaches (large heads)
     layer_overhead_ms: float = 0.4  # per layer and micro-batch: gaps between its ~100 kernels
     tp_overlap_hidden: float = 0.6  # share of TP traffic TE's userbuffers overlap hides
+    # the host's work per MoE layer, micro-batch and local expert: launching its GEMMs one by
+    # one (TE's grouped linear), its casts and the dispatcher's kernels (expected_step)
+    moe_expert_overhead_ms: float = 0.275
 
 
 CONSTANTS = Constants()
@@ -101,15 +104,21 @@ def _collective_s(nbytes: float, members: int, stride: int, hw: Hardware, calls:
     return bandwidth + calls * latency * 1e-6
 
 
-def _all_to_all_s(nbytes: float, members: int, stride: int, hw: Hardware) -> float:
-    """An all-to-all in which each of `members` ranks (`stride` apart) sends `nbytes`, an equal
-    share to each: the shares for ranks in the NVLink domain over NVLink, the others over the
-    network, both at once."""
+def _all_to_all_s(m: ModelConfig, rows: float, lo: ParallelLayout, hw: Hardware, e: int) -> float:
+    """One all-to-all of the dispatcher: each of the EP ranks (expert-TP ranks apart) sends its
+    `rows` routed copies, an equal share to each rank: the shares for ranks in the NVLink domain
+    over NVLink, the others over the network, both at once. A deduplicating dispatcher
+    (HybridEP, DeepEP) sends a token once to each other domain holding one of its experts."""
+    members, stride, h = lo.expert, lo.expert_tensor_size, m.hidden_size
     if members <= 1:
         return 0.0
     in_domain = max(1, min(members, hw.nvlink_domain // stride))
-    nvlink = (in_domain - 1) / members * nbytes / (hw.nvlink_gbps * 1e9 * NCCL_EFFICIENCY)
-    network = (members - in_domain) / members * nbytes / (hw.network_gbps * 1e9 * NCCL_EFFICIENCY)
+    nvlink = (in_domain - 1) / members * rows * h * e / (hw.nvlink_gbps * 1e9 * NCCL_EFFICIENCY)
+    remote = (members - in_domain) / members * rows
+    if lo.ep_dedup and members > in_domain:
+        domains, k = members / in_domain, m.moe.top_k
+        remote = min(remote, rows / k * (domains - 1) * (1 - (1 - 1 / domains) ** k))
+    network = remote * h * e / (hw.network_gbps * 1e9 * NCCL_EFFICIENCY)
     latency = NETWORK_LATENCY_US if members > in_domain else hw.latency_us
     return max(nvlink, network) + latency * 1e-6
 
@@ -136,7 +145,7 @@ def _experts_s(
         gemms += _gemm_s(tokens, gated * shared / lo.tensor, h, peak, fraction, c)
         gemms += _gemm_s(tokens, h, shared / lo.tensor, peak, fraction, c)
     e = 4 if lo.precision == "fp32" else 2
-    a2a = _all_to_all_s(rows * h * e, lo.expert, etp, hw)
+    a2a = _all_to_all_s(m, rows, lo, hw, e)
     return gemms, a2a
 
 
@@ -239,19 +248,32 @@ def expected_step(
     # the busiest stage's layers: the last ones, MoE layers where the model has them
     moe = min(layers, stage_layer_kinds(m, lo, p - 1)[1])
     compute, _, attention_fwd, tp_one, _ = _layer_s(m, ffn, lo, hw, c)
-    all_to_all = 0.0
+    all_to_all = stall = 0.0  # per layer, averaged over the stage's layers
     if moe:
         moe_compute, _, _, _, a2a = _layer_s(m, ffn, lo, hw, c, moe=True)
+        # the host's work for a MoE layer (launching its many small kernels): the dispatcher's
+        # sync on the tokens per expert makes the GPU wait for it; without one the host runs
+        # ahead and it only bounds the layer from below
+        local = m.moe.experts / lo.expert
+        host = c.moe_expert_overhead_ms * local * 1e-3
+        if lo.dispatcher_host_sync:
+            stall = host * moe / layers
+        else:
+            moe_compute = max(moe_compute, host)
         compute = ((layers - moe) * compute + moe * moe_compute) / layers
         all_to_all = 4 * a2a * moe / layers  # dispatch and combine, forward and backward
+        if lo.ep_comm_overlap:
+            all_to_all *= 1 - c.tp_overlap_hidden
     collectives = 8  # forward and backward: 2 all-gathers and 2 reduce-scatters each
-    if lo.recompute == "full":
+    if lo.recompute == "full":  # the forward once more, with its all-to-alls and stalls
         recomputed = min(lo.recompute_layers or layers, layers)
         compute += compute / 3 * recomputed / layers
         collectives += 4 * recomputed / layers
-        all_to_all *= 1 + recomputed / layers / 2  # the forward's two once more
+        all_to_all *= 1 + recomputed / layers / 2
+        stall *= 1 + recomputed / layers
     elif lo.recompute == "selective":
         compute += attention_fwd
+    compute += stall
     hidden = c.tp_overlap_hidden if lo.tp_comm_overlap else 0.0
     tp_layer = collectives * tp_one * (1 - hidden)
     micro_s = layers * compute + _output_layer_s(m, padded, lo, hw, c)
