@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from pipeline.config import PipelineConfig
+from pipeline.config import ModelConfig, PipelineConfig
 from pipeline.config.choices import RECOMPUTE_MODES
 from pipeline.config.derived import world_size
 from pipeline.core.paths import RunPaths
@@ -119,18 +119,38 @@ def _parameter_lines(cfg: PipelineConfig, plan: Plan) -> list[str]:
         f"Parameters: {count(c['total'])} ({c['total']:,})",
         f"  embedding     {count(c['embedding']):>9}  ({c['padded_vocab']} x {m.hidden_size}"
         f"{position})",
-        f"  transformer   {count(c['transformer']):>9}  ({m.num_layers} x {count(c['layer'])}: "
-        f"attention {count(c['attention_per_layer'])}, MLP {count(c['mlp_per_layer'])}, norms "
-        f"{count(c['norms_per_layer'])}; final norm {count(c['final_norm'])})",
+        f"  transformer   {count(c['transformer']):>9}  ({_layers_text(m, c)}; final norm "
+        f"{count(c['final_norm'])})",
         f"  output layer  {count(c['output_layer']):>9}  ({tied})",
     ]
-    t, p, split = plan.layout.tensor, plan.layout.pipeline, plan.layout.pipeline_split
+    if c["moe_layers"]:  # FLOPs, MFU and the time model count these
+        lines.insert(
+            3, f"Active parameters: {count(c['active'])} ({c['active']:,}; top {m.moe.top_k})"
+        )
+    lo = plan.layout
+    t, p, split = lo.tensor, lo.pipeline, lo.pipeline_split
     stages = sorted({0, p - 1})
+    experts = {"expert": lo.expert, "expert_tensor": lo.expert_tensor}
     per_gpu = ", ".join(
-        f"stage {s}: {count(stage_params(m, vocab_size, t, p, s, split)['total'])}" for s in stages
+        f"stage {s}: {count(stage_params(m, vocab_size, t, p, s, split, **experts)['total'])}"
+        for s in stages
     )
     lines.append(f"  per GPU (TP={t}, PP={p}): {per_gpu}")
     return lines
+
+
+def _layers_text(m: ModelConfig, c: dict[str, int]) -> str:
+    dense = (
+        f"{c['dense_layers']} x {count(c['layer'])}: attention {count(c['attention_per_layer'])}, "
+        f"MLP {count(c['mlp_per_layer'])}, norms {count(c['norms_per_layer'])}"
+    )
+    if not c["moe_layers"]:
+        return dense
+    moe = (
+        f"{c['moe_layers']} MoE x {count(c['moe_layer'])}: {m.moe.experts} experts "
+        f"{count(c['experts_per_layer'])}"
+    )
+    return moe + (f"; {dense}" if c["dense_layers"] else "")
 
 
 def _memory_lines(cfg: PipelineConfig, plan: Plan) -> list[str]:
@@ -250,6 +270,7 @@ def breakdown_text(est: dict[str, float]) -> str:
     parts = (
         ("compute", "compute_s"),
         ("exposed TP", "tp_comm_s"),
+        ("all-to-all", "ep_comm_s"),
         ("pipeline bubble", "bubble_s"),
         ("exposed DP", "dp_comm_s"),
         ("optimizer", "optimizer_s"),
@@ -356,6 +377,7 @@ def plan_json(cfg: PipelineConfig, plan: Plan, options: PlanOptions) -> dict:
         "breakdown": {
             "compute": est["compute_s"],
             "exposed_tp": est["tp_comm_s"],
+            "all_to_all": est["ep_comm_s"],
             "pp_bubble": est["bubble_s"],
             "exposed_dp": est["dp_comm_s"],
             "optimizer": est["optimizer_s"],

@@ -6,15 +6,15 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-import pytest
-
 from pipeline.config.sections.model import MoeConfig
 from pipeline.model import flops
 from pipeline.model.parameters import parameter_count, stage_params
-from pipeline.planning import memory, search, throughput
+from pipeline.planning import calibration, calibration_report, memory, run_plan, search, throughput
 from pipeline.planning.calibration import PublishedModel
 from pipeline.planning.hardware import preset
 from pipeline.planning.parallel_layout import ParallelLayout
+from pipeline.planning.render import PlanOptions, plan_lines
+from tests.conftest import make_config
 
 
 def mixtral_8x7b() -> PublishedModel:
@@ -124,3 +124,137 @@ def test_flops_count_the_active_experts():
     assert flops.flops_per_token(mixtral_8x7b(), 32000, 1) == 79_712_747_520
     dense = replace(mixtral_8x7b(), moe=MoeConfig())
     assert flops.flops_per_token(dense, 32000, 1) < 79_712_747_520  # one MLP, not two
+
+
+def h200_shape() -> PublishedModel:
+    """Issue 42's single-H200 shape: 16 layers, hidden 2048 (16 heads), 32 experts of FFN 1024,
+    top-4, sequence 2048; vocabulary 50,304."""
+    return PublishedModel(
+        name="moe-32x4",
+        num_layers=16,
+        hidden_size=2048,
+        num_attention_heads=16,
+        ffn_hidden_size=1024,
+        seq_length=2048,
+        moe=MoeConfig(experts=32, top_k=4, ffn_hidden_size=1024),
+    )
+
+
+def test_expert_parallelism_shards_the_experts_state_over_the_expert_data_ranks():
+    """Mixtral 8x7B on 32 GPUs, TP=1, PP=4, DP=8: with EP=8 each GPU holds one expert per layer,
+    whose Adam state the distributed optimizer shards over the DP / EP = 1 ranks holding the
+    same expert; the rest over DP=8."""
+    m = mixtral_8x7b()
+    whole = ParallelLayout(pipeline=4, data=8)
+    split = replace(whole, expert=8)
+    assert split.expert_data == 1 and whole.expert_data == 8
+    params = stage_params(m, 32000, 1, 4, 0, expert=8)
+    dense = params["total"] - params["experts"]
+    static = memory.static_bytes(params, split)
+    assert static["optimizer"] == 12 * (dense / 8 + params["experts"])
+    assert static["weights"] == 2 * params["total"]
+    one = memory.stage_memory(m, 32000, whole, 0)
+    eight = memory.stage_memory(m, 32000, split, 0)
+    assert eight["weights"] < one["weights"] / 4  # 7 of 8 experts gone from each GPU
+
+
+def test_a_moe_layer_keeps_its_routed_rows():
+    """The H200 shape at micro-batch 1, bf16, no dropout: tokens 2048, routed rows 2048 x 4.
+    Kept by the MoE MLP: router scores and probabilities 2 x 4 x 2048 x 32 = 524,288; per row
+    2048 x (2 + 2) (FC1 input, the weighted experts' output) + 1024 x (2 x 2 + 2) (FC1 output,
+    activation output) = 14,336 bytes: 8192 x 14,336 = 117,440,512. Attention as a dense layer:
+    norms 2048 x 2048 x 8 = 33,554,432, QKV 2 x 2048 x 128 x 48 = 25,165,824, its output
+    2048 x 2048 x 2 = 8,388,608, flash attention's log-sum-exp 4 x 16 x 2048 = 131,072."""
+    layout = ParallelLayout(micro_batch=1)
+    moe = memory.layer_activations(h200_shape(), layout, "none", moe=True)
+    attention = 33_554_432 + 25_165_824 + 8_388_608 + 131_072
+    assert moe == attention + 524_288 + 117_440_512
+    assert memory.dispatch_bytes(h200_shape(), layout) == 2 * 2 * 8192 * 2048
+
+
+def test_the_all_to_all_costs_more_across_nodes_and_less_deduplicated():
+    m, hw = qwen3_30b_a3b(), preset("H100")
+    inside = ParallelLayout(data=8, expert=8, micro_batch=1, grad_accum=8, precision="fp8")
+    across = replace(inside, data=16, expert=16)
+    one = throughput.expected_step(m, 151936, replace(inside, expert=1, data=8), hw)
+    assert one["ep_comm_s"] == 0
+    a, b = (throughput.expected_step(m, 151936, lo, hw) for lo in (inside, across))
+    assert b["ep_comm_s"] > 3 * a["ep_comm_s"] > 0  # 50 GB/s NICs, not NVLink
+    dedup = throughput.expected_step(m, 151936, replace(across, ep_dedup=True), hw)
+    assert dedup["ep_comm_s"] < b["ep_comm_s"] / 2  # a token crosses once, not ~top_k / 2 times
+    hidden = throughput.expected_step(m, 151936, replace(across, ep_comm_overlap=True), hw)
+    assert hidden["ep_comm_s"] < b["ep_comm_s"]
+
+
+def test_the_search_opens_expert_parallelism_within_megatron_cores_rule():
+    """EP divides the experts, and expert-TP x EP divides TP x CP x DP."""
+    m = mixtral_8x7b()
+    base = ParallelLayout(precision="bf16")
+    found = search.search(m, 32000, 16, 64, preset("H100"), base, search.Constraints(tensors=(2,)))
+    eps = {(c.layout.tensor, c.layout.expert) for c in found.feasible}
+    assert {(2, 1), (2, 2), (2, 4), (2, 8)} <= eps
+    assert all(c.layout.expert_data >= 1 for c in found.feasible)
+    assert all(8 % c.layout.expert == 0 for c in found.feasible)
+    fixed = search.search(
+        m, 32000, 16, 64, preset("H100"), base, search.Constraints(tensors=(2,), experts=(4,))
+    )
+    assert {c.layout.expert for c in fixed.feasible} == {4}
+    dense = replace(m, moe=MoeConfig())
+    assert {
+        c.layout.expert for c in search.search(dense, 32000, 8, 64, preset("H100"), base).feasible
+    } == {1}
+
+
+def test_the_h200_shape_gets_the_measured_best_layout():
+    """The best hand-written loop measured on one H200 (issue 42): micro-batch 16, ~105 GiB,
+    70.5k tokens/s; micro-batch 8: 51.7k. The search picks micro-batch 16 without recompute and
+    estimates both within 10%."""
+    hw, capacity = preset("H200"), int(140 * 2**30)
+    base = ParallelLayout(precision="bf16")
+    found = search.search(
+        h200_shape(), 50304, 1, 64, hw, base, search.Constraints(capacity=capacity)
+    )
+    best = found.ranked()[0]
+    assert (best.layout.micro_batch, best.layout.recompute) == (16, "none")
+    assert abs(best.memory["total"] / 2**30 - 105) < 0.1 * 105
+    for micro, measured in ((16, 70_500), (8, 51_700)):
+        layout = replace(base, micro_batch=micro, grad_accum=64 // micro)
+        estimate = throughput.expected_step(h200_shape(), 50304, layout, hw)
+        assert abs(estimate["tokens_per_s_per_gpu"] / measured - 1) < 0.10
+
+
+H200_MOE = (
+    "train=gpu",
+    "cluster=slurm",
+    "cluster.gpus_per_node=1",
+    "cluster.gpu=H200",
+    "model=gpt-1.3b",
+    "model.num_layers=16",
+    "model.ffn_hidden_size=1024",
+    "model.moe.experts=32",
+    "model.moe.top_k=4",
+    "model.moe.ffn_hidden_size=1024",
+    "tokenizer.vocab_size=50304",
+    "train.global_batch_size=64",
+)
+
+
+def test_the_plan_gives_active_parameters_and_the_all_to_all(tmp_path):
+    cfg = make_config(tmp_path, *H200_MOE, "parallel.expert=1")
+    plan = run_plan.make(cfg)
+    text = "\n".join(plan_lines(cfg, plan, PlanOptions()))
+    assert "Active parameters: 878 M (878,249,984; top 4)" in text
+    assert "16 MoE x 218 M: 32 experts 201 M" in text
+    assert "all-to-all 0.000 s" in text  # one GPU: nothing to exchange
+    assert (plan.layout.micro_batch, plan.layout.recompute) == (16, "none")  # auto's choice
+    assert plan.parameters["active"] == parameter_count(cfg.model, 50304)["active"]
+
+
+def test_validate_prints_the_moe_rows_apart():
+    lines, ok = calibration_report.report_lines(choices=False)
+    moe = {line.split(":")[0].strip(): line for line in lines if "of them MoE" in line}
+    assert set(moe) == {"of them MoE, fitted", "of them MoE, held out"}
+    held_out = calibration.moe_sets(calibration.load())["moe_held_out"]
+    assert len(held_out) >= 40
+    assert {r.model.name for r in held_out} >= {"Qwen3-30B-A3B", "Qwen3-235B-A22B", "Mixtral 8x7B"}
+    assert ok
