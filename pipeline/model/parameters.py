@@ -179,8 +179,15 @@ def parameter_count(m: ModelConfig, vocab_size: int, tensor: int = 1) -> dict[st
     return counts
 
 
-def _first_layer(split: PipelineSplit, num_layers: int, pipeline: int, stage: int) -> int:
-    return sum(split.layers(num_layers, pipeline, s) for s in range(stage))
+def layer_kinds(
+    m: ModelConfig, pipeline: int, stage: int, split: PipelineSplit = EVEN
+) -> tuple[int, int]:
+    """(dense layers, MoE layers) on pipeline rank `stage`: the model's first
+    model.moe.first_dense_layers layers are dense, the rest MoE (all dense without experts)."""
+    layers = split.layers(m.num_layers, pipeline, stage)
+    first = sum(split.layers(m.num_layers, pipeline, s) for s in range(stage))
+    dense = max(0, min(m.num_layers - moe_layers(m), first + layers) - first)
+    return dense, layers - dense
 
 
 def stage_params(
@@ -199,11 +206,7 @@ def stage_params(
     layer's experts are shared out over `expert` ranks and each split over `expert_tensor`
     (none: `tensor`) ranks; `experts` is their share, within `total`, which the distributed
     optimizer shards over the expert-data-parallel ranks instead of the data-parallel ones."""
-    layers = split.layers(m.num_layers, pipeline, stage)
-    first = _first_layer(split, m.num_layers, pipeline, stage)
-    dense_before = m.num_layers - moe_layers(m)  # the first layers keep their dense MLP
-    dense = max(0, min(dense_before, first + layers) - first)
-    moe = layers - dense
+    dense, moe = layer_kinds(m, pipeline, stage, split)
     transformer = sum(layer_params(m).values(), Part()) * dense
     experts = Part()
     if moe:

@@ -17,12 +17,11 @@ import math
 from dataclasses import replace
 
 from pipeline.config import ModelConfig
-from pipeline.model.parameters import stage_params
+from pipeline.model.parameters import layer_kinds, stage_params
 from pipeline.model.sizes import (
     expert_ffn_hidden_size,
     ffn_hidden_size,
     kv_channels,
-    moe_layers,
     padded_vocab,
 )
 from pipeline.planning.parallel_layout import ParallelLayout
@@ -119,22 +118,12 @@ def layer_activations(
     return math.ceil(whole / seq_split + split / layout.tensor + mlp)
 
 
-def stage_layer_kinds(m: ModelConfig, layout: ParallelLayout, stage: int) -> tuple[int, int]:
-    """(dense layers, MoE layers) on a pipeline stage: the first model.moe.first_dense_layers of
-    the model are dense."""
-    split, p = layout.pipeline_split, layout.pipeline
-    layers = split.layers(m.num_layers, p, stage)
-    first = sum(split.layers(m.num_layers, p, s) for s in range(stage))
-    dense = max(0, min(m.num_layers - moe_layers(m), first + layers) - first)
-    return dense, layers - dense
-
-
 def stage_activations(
     m: ModelConfig, layout: ParallelLayout, recompute: str | None = None, stage: int = 0
 ) -> int:
     """One micro-batch's activations over a pipeline stage's layers (per GPU)."""
     recompute = recompute or layout.recompute
-    dense, moe = stage_layer_kinds(m, layout, stage)
+    dense, moe = layer_kinds(m, layout.pipeline, stage, layout.pipeline_split)
     layers = dense + moe
     if recompute != "full":
         kept = dense * layer_activations(m, layout, recompute)
@@ -235,7 +224,7 @@ def stage_memory(
     memory["logits"] = logits_bytes(m, padded, layout) if last else 0
     # full recompute: the layer being recomputed holds its whole working set again
     memory["working"] = layer_activations(m, layout, "none") if layout.recompute == "full" else 0
-    if stage_layer_kinds(m, layout, stage)[1]:
+    if layer_kinds(m, layout.pipeline, stage, layout.pipeline_split)[1]:
         working = (
             layer_activations(m, layout, "none", moe=True) if layout.recompute == "full" else 0
         )

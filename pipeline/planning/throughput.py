@@ -35,10 +35,10 @@ from dataclasses import dataclass
 
 from pipeline.config import ModelConfig, PipelineConfig
 from pipeline.model.flops import flops_per_sequence
-from pipeline.model.parameters import stage_params
+from pipeline.model.parameters import layer_kinds, stage_params
 from pipeline.model.sizes import expert_ffn_hidden_size, ffn_hidden_size, kv_channels, padded_vocab
 from pipeline.planning.hardware import Hardware, preset
-from pipeline.planning.memory import routed_rows, stage_layer_kinds
+from pipeline.planning.memory import routed_rows
 from pipeline.planning.parallel_layout import ParallelLayout
 
 
@@ -246,7 +246,7 @@ def expected_step(
     model_flops = flops_per_sequence(m, vocab_size, 1) * lo.global_batch
     layers = math.ceil(m.num_layers / p)
     # the busiest stage's layers: the last ones, MoE layers where the model has them
-    moe = min(layers, stage_layer_kinds(m, lo, p - 1)[1])
+    moe = min(layers, layer_kinds(m, p, p - 1, lo.pipeline_split)[1])
     compute, _, attention_fwd, tp_one, _ = _layer_s(m, ffn, lo, hw, c)
     all_to_all = stall = 0.0  # per layer, averaged over the stage's layers
     if moe:
