@@ -289,7 +289,7 @@ def _search_lines(
         f"{per_node} per node, sequence {cfg.model.seq_length}, global batch "
         f"{cfg.train.global_batch_size}; ranked by expected tokens/s on {hw.name} "
         f"(NVLink domain {hw.nvlink_domain})",
-        f"  {'#':>3} {'TP':>3} {'PP':>3} {'vp':>3} {'DP':>4} {'mbs':>4} {'accum':>5} "
+        f"  {'#':>3} {'TP':>3} {'PP':>3} {'vp':>3} {'DP':>4} {'EP':>3} {'mbs':>4} {'accum':>5} "
         f"{'recompute':<10}"
         f"{'SP':<4}{'memory':>11} {'MFU':>6} {'tok/s/GPU':>10} {'step':>9}",
     ]
@@ -297,7 +297,7 @@ def _search_lines(
         lo, th = c.layout, c.throughput
         lines.append(
             f"  {i:>3} {lo.tensor:>3} {lo.pipeline:>3} {lo.virtual_pipeline or '-':>3} "
-            f"{lo.data:>4} {lo.micro_batch:>4} "
+            f"{lo.data:>4} {lo.expert:>3} {lo.micro_batch:>4} "
             f"{lo.grad_accum:>5} {lo.recompute:<10}{'yes' if lo.sequence_parallel else '-':<4}"
             f"{gib(c.memory['total']):>11} {th['mfu']:>6.2f} "
             f"{th['tokens_per_s_per_gpu']:>10,.0f} {th['step_s']:>8.2f}s"
