@@ -1,4 +1,5 @@
-"""Predicted weak and strong scaling of gpt-1.3b, llama-8b and a Llama-3-70B shape on H100
+"""Predicted weak and strong scaling of gpt-1.3b, llama-8b, a Llama-3-70B shape and two
+mixture-of-experts shapes (Mixtral 8x7B, Qwen3-30B-A3B; expert parallelism searched) on H100
 nodes (8 GPUs, NVLink inside, one 400 Gb/s NIC per GPU) from 8 to 4096 GPUs, by the planner's
 throughput model: at each point the fastest layout the search finds, its tokens/s per GPU and
 MFU, the scaling efficiency against the first point that fits, and what limits it.
@@ -20,6 +21,7 @@ sys.path.insert(0, str(ROOT))
 from omegaconf import OmegaConf  # noqa: E402
 
 from pipeline.config import ModelConfig  # noqa: E402
+from pipeline.config.sections.model import MoeConfig  # noqa: E402
 from pipeline.planning import calibration, hardware, scaling  # noqa: E402
 from pipeline.planning.throughput import CONSTANTS  # noqa: E402
 from pipeline.runtime.gpus import capacity_bytes  # noqa: E402
@@ -34,17 +36,42 @@ LLAMA_70B = ModelConfig(
     ffn_hidden_size=28672,
     seq_length=8192,
 )
+# MoE shapes (their public config.json), until conf/model holds presets for them
+MIXTRAL_8X7B = ModelConfig(
+    name="mixtral-8x7b",
+    num_layers=32,
+    hidden_size=4096,
+    num_attention_heads=32,
+    num_query_groups=8,
+    ffn_hidden_size=14336,
+    seq_length=4096,
+    moe=MoeConfig(experts=8, top_k=2),
+)
+QWEN3_30B_A3B = calibration.PublishedModel(
+    name="qwen3-30b-a3b",
+    num_layers=48,
+    hidden_size=2048,
+    num_attention_heads=32,
+    num_query_groups=4,
+    kv_channels=128,
+    ffn_hidden_size=6144,
+    seq_length=4096,
+    moe=MoeConfig(experts=128, top_k=8, ffn_hidden_size=768),
+)
+SHAPES = {m.name: m for m in (LLAMA_70B, MIXTRAL_8X7B, QWEN3_30B_A3B)}
 # (model, vocabulary, strong scaling's global batch, weak scaling's sequences per GPU)
 CASES = {
     "gpt-1.3b": (32000, 1024, 4),
     "llama-8b": (128256, 512, 1),
     "llama-70b": (128256, 512, 1),
+    "mixtral-8x7b": (32000, 512, 1),
+    "qwen3-30b-a3b": (151936, 512, 1),
 }
 
 
 def model(name: str) -> ModelConfig:
-    if name == "llama-70b":
-        return LLAMA_70B
+    if name in SHAPES:
+        return SHAPES[name]
     return ModelConfig(**OmegaConf.to_container(OmegaConf.load(ROOT / f"conf/model/{name}.yaml")))
 
 
@@ -61,7 +88,10 @@ def rows(name: str, weak: bool, hw: hardware.Hardware, capacity: int) -> list[st
         lo, e = choice.layout, choice.throughput
         first = first or e["tokens_per_s_per_gpu"]
         vp = f"x{lo.virtual_pipeline}" if lo.virtual_pipeline else ""
-        layout = f"TP{lo.tensor} PP{lo.pipeline}{vp} DP{lo.data} mb{lo.micro_batch} {lo.recompute}"
+        ep = f" EP{lo.expert}" if lo.expert > 1 else ""
+        layout = (
+            f"TP{lo.tensor} PP{lo.pipeline}{vp} DP{lo.data}{ep} mb{lo.micro_batch} {lo.recompute}"
+        )
         out.append(
             f"| {gpus} | {batch} | {layout} | {e['tokens_per_s_per_gpu']:,.0f} | {e['mfu']:.1%} "
             f"| {e['step_s']:.2f} | {e['tokens_per_s_per_gpu'] / first:.0%} "
@@ -97,7 +127,9 @@ def document(gpu: str) -> str:
         "parameter gathering, sequence parallelism with TP > 1, no TP communication overlap.",
         "",
         "Each point is the fastest layout the search finds (TP inside a node, PP dividing the "
-        "layers, virtual stages, micro-batch 1-64, recompute) whose memory estimate fits the GPU. "
+        "layers, virtual stages, micro-batch 1-64, recompute; for MoE models expert parallelism "
+        "too, with megatron-core's plain all-to-all dispatcher) whose memory estimate fits the "
+        "GPU. MoE models' FLOPs and MFU count active parameters only (top-k experts). "
         "These are predictions, not measurements: `python -m pipeline.plan --validate` shows "
         f"the model against published runs ({fidelity()}). "
         "*Efficiency* is tokens/s per GPU against the first point that fits; *limit* is the "
@@ -112,7 +144,9 @@ def document(gpu: str) -> str:
         ]
         lines += [
             "",
-            f"## {name} ({m.num_layers} layers, hidden {m.hidden_size}, sequence {m.seq_length})",
+            f"## {name} ({m.num_layers} layers, hidden {m.hidden_size}, sequence {m.seq_length}"
+            + (f"; {m.moe.experts} experts, top {m.moe.top_k}" if m.moe.experts else "")
+            + ")",
             "",
             f"Strong scaling: global batch {strong_batch} sequences throughout.",
             "",

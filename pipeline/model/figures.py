@@ -24,29 +24,38 @@ class ModelFigures:
     # one GPU's parameters (stage_params) of the first, second and last pipeline stage
     stages: Mapping[int, Mapping[str, int]]
     # the speed estimate's figures, as its constants were fitted: the fuller of the first and
-    # last stage with the layers shared evenly, and the FLOPs with the vocabulary of one rank
-    even_busiest_stage: int
+    # last stage with the layers shared evenly (its experts' share apart, stage_params), and the
+    # FLOPs with the vocabulary of one rank
+    even_busiest_stage: Mapping[str, int]
     flops_per_sequence_tp1: float
     flops_per_sequence: float  # Megatron-LM's forward and backward FLOPs of one sequence
 
 
 def of(
-    m: ModelConfig, vocab_size: int, tensor: int, pipeline: int, split: PipelineSplit = EVEN
+    m: ModelConfig,
+    vocab_size: int,
+    tensor: int,
+    pipeline: int,
+    split: PipelineSplit = EVEN,
+    expert: int = 1,
+    expert_tensor: int | None = None,
 ) -> ModelFigures:
     """The figures of model `m` with `vocab_size` pieces on `tensor` x `pipeline` GPUs, the
-    layers shared out as `split` counts them."""
+    layers shared out as `split` counts them, a MoE model's experts over `expert` x
+    `expert_tensor` GPUs (none: `tensor`)."""
+    experts = {"expert": expert, "expert_tensor": expert_tensor}
     stages = {
-        s: stage_params(m, vocab_size, tensor, pipeline, s, split)
+        s: stage_params(m, vocab_size, tensor, pipeline, s, split, **experts)
         for s in {0, 1, pipeline - 1}
         if s < pipeline
     }
-    even = (stage_params(m, vocab_size, tensor, pipeline, s) for s in {0, pipeline - 1})
+    even = [stage_params(m, vocab_size, tensor, pipeline, s, **experts) for s in {0, pipeline - 1}]
     return ModelFigures(
         ffn_hidden_size=ffn_hidden_size(m),
         padded_vocab=padded_vocab(vocab_size, m, tensor),
         parameters=MappingProxyType(parameter_count(m, vocab_size, tensor)),
         stages=MappingProxyType({s: MappingProxyType(c) for s, c in stages.items()}),
-        even_busiest_stage=max(c["total"] for c in even),
+        even_busiest_stage=MappingProxyType(max(even, key=lambda c: c["total"])),
         flops_per_sequence_tp1=flops_per_sequence(m, vocab_size, 1),
         flops_per_sequence=flops_per_sequence(m, vocab_size, tensor),
     )

@@ -6,12 +6,22 @@ NVIDIA/Megatron-LM main (d98e8a6) and the core_v0.16.1 tag (55ac708): every GEMM
 times (forward, data gradient, weight gradient) at 2 FLOPs per multiply-add; core attention
 (Q K^T and softmax x V) counted over half the s x s matrix, the causal mask's non-zero part
 (since Megatron-LM 8873b55, March 2025; earlier versions counted the full matrix).
+
+A mixture-of-experts model is counted by its active parameters, as Megatron-LM counts it: a MoE
+layer's MLP is its top_k experts and its shared expert; besides Megatron-LM, the router's
+hidden x experts GEMM (under 1% of the MLP in the shapes here).
 """
 
 from __future__ import annotations
 
 from pipeline.config import ModelConfig
-from pipeline.model.sizes import ffn_hidden_size, padded_vocab
+from pipeline.model.sizes import (
+    expert_ffn_hidden_size,
+    ffn_hidden_size,
+    kv_channels,
+    moe_layers,
+    padded_vocab,
+)
 
 
 def flops_per_token(m: ModelConfig, vocab_size: int, tensor: int) -> float:
@@ -20,16 +30,20 @@ def flops_per_token(m: ModelConfig, vocab_size: int, tensor: int) -> float:
     s, h, layers = m.seq_length, m.hidden_size, m.num_layers
     heads = m.num_attention_heads
     groups = m.num_query_groups or heads
-    kv_channels = h // heads
-    query = kv_channels * heads  # query projection width
-    key_value = kv_channels * groups  # key (and value) projection width
+    head_dim = kv_channels(m)
+    query = head_dim * heads  # query projection width
+    key_value = head_dim * groups  # key (and value) projection width
     passes_x_fma = 3 * 2  # forward, dgrad, wgrad; 2 FLOPs per multiply-add
     ffn_gemms = 3 if m.activation == "swiglu" else 2  # h -> 2 x ffn (gated) and ffn -> h
-    mlp = h * ffn_hidden_size(m) * ffn_gemms
+    moe = moe_layers(m)
+    mlp = h * ffn_hidden_size(m) * ffn_gemms * (layers - moe)
+    if moe:
+        routed = expert_ffn_hidden_size(m) * m.moe.top_k + m.moe.shared_expert_ffn_hidden_size
+        mlp += (h * routed * ffn_gemms + h * m.moe.experts) * moe  # experts, shared, router
     projections = h * (query + 2 * key_value) + query * h  # QKV and output projection
     core_attention = query * s / 2 * 2  # causal: half the s x s matrix; Q K^T and x V
     logits = h * padded_vocab(vocab_size, m, tensor)
-    return passes_x_fma * (layers * (mlp + projections + core_attention) + logits)
+    return passes_x_fma * (mlp + layers * (projections + core_attention) + logits)
 
 
 def flops_per_sequence(m: ModelConfig, vocab_size: int, tensor: int) -> float:

@@ -1,13 +1,24 @@
 """Parameter counts of the model `gpt.build` makes, by arithmetic on its shape (no torch):
-the whole replica, and one GPU's share under tensor and pipeline parallelism. Tests compare
-them with the megatron-core model itself."""
+the whole replica, and one GPU's share under tensor, pipeline and expert parallelism. Tests
+compare them with the megatron-core model itself.
+
+A mixture-of-experts layer (model.moe.experts > 0) replaces the MLP by a router (a hidden x
+experts weight, whole on every rank), `experts` MLPs of model.moe.ffn_hidden_size and an
+optional shared expert; the first model.moe.first_dense_layers layers keep the dense MLP.
+Active parameters are those one token passes through: top_k experts of each MoE layer."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from pipeline.config import ModelConfig
-from pipeline.model.sizes import ffn_hidden_size, padded_vocab
+from pipeline.model.sizes import (
+    expert_ffn_hidden_size,
+    ffn_hidden_size,
+    kv_channels,
+    moe_layers,
+    padded_vocab,
+)
 from pipeline.model.stages import EVEN, PipelineSplit
 
 
@@ -46,38 +57,75 @@ def _norm(m: ModelConfig) -> Part:
 
 
 def attention_params(m: ModelConfig) -> Part:
-    kv_channels = m.hidden_size // m.num_attention_heads
+    head_dim = kv_channels(m)
     groups = m.num_query_groups or m.num_attention_heads
-    qkv_width = kv_channels * (m.num_attention_heads + 2 * groups)
-    query_width = kv_channels * m.num_attention_heads
+    qkv_width = head_dim * (m.num_attention_heads + 2 * groups)
+    query_width = head_dim * m.num_attention_heads
     bias = m.add_bias_linear
     return _linear(m.hidden_size, qkv_width, bias, False) + _linear(
         query_width, m.hidden_size, bias, True
     )
 
 
-def mlp_params(m: ModelConfig) -> Part:
-    ffn = ffn_hidden_size(m)
+def _mlp(m: ModelConfig, ffn: int) -> Part:
     fc1_width = 2 * ffn if m.activation == "swiglu" else ffn  # gate and up projections stacked
     bias = m.add_bias_linear
     return _linear(m.hidden_size, fc1_width, bias, False) + _linear(ffn, m.hidden_size, bias, True)
 
 
+def mlp_params(m: ModelConfig) -> Part:
+    """A dense layer's MLP."""
+    return _mlp(m, ffn_hidden_size(m))
+
+
+def expert_params(m: ModelConfig) -> Part:
+    """One expert's MLP (sharded over the expert-tensor-parallel ranks)."""
+    return _mlp(m, expert_ffn_hidden_size(m))
+
+
+def shared_expert_params(m: ModelConfig) -> Part:
+    width = m.moe.shared_expert_ffn_hidden_size
+    return _mlp(m, width) if width else Part()
+
+
+def router_params(m: ModelConfig) -> Part:
+    return Part(replicated=m.hidden_size * m.moe.experts)
+
+
+def _gemm_weights(m: ModelConfig, ffn: int) -> int:
+    fc1_width = 2 * ffn if m.activation == "swiglu" else ffn
+    return (fc1_width + ffn) * m.hidden_size
+
+
 def linear_weights(m: ModelConfig) -> int:
-    """Weights of one layer's four GEMMs, biases left out (what fp8 casts)."""
+    """Weights of a dense layer's four GEMMs, biases left out (what fp8 casts)."""
     heads = m.num_attention_heads
     groups = m.num_query_groups or heads
-    head_dim = m.hidden_size // heads
-    ffn = ffn_hidden_size(m)
-    fc1_width = 2 * ffn if m.activation == "swiglu" else ffn
+    head_dim = kv_channels(m)
     qkv = m.hidden_size * head_dim * (heads + 2 * groups)
-    return qkv + head_dim * heads * m.hidden_size + (fc1_width + ffn) * m.hidden_size
+    return qkv + head_dim * heads * m.hidden_size + _gemm_weights(m, ffn_hidden_size(m))
 
 
-def layer_params(m: ModelConfig) -> dict[str, Part]:
-    """One transformer layer: attention, MLP, and its two norms (fused into the next linear by
-    Transformer Engine; the same count)."""
-    return {"attention": attention_params(m), "mlp": mlp_params(m), "norms": _norm(m) * 2}
+def layer_params(m: ModelConfig, moe: bool = False) -> dict[str, Part]:
+    """One transformer layer: attention, MLP (a MoE layer: router, every expert, shared expert),
+    and its two norms (fused into the next linear by Transformer Engine; the same count)."""
+    norms = {"norms": _norm(m) * 2}
+    if not moe:
+        return {"attention": attention_params(m), "mlp": mlp_params(m), **norms}
+    return {
+        "attention": attention_params(m),
+        "router": router_params(m),
+        "experts": expert_params(m) * m.moe.experts,
+        "shared_expert": shared_expert_params(m),
+        **norms,
+    }
+
+
+def active_layer_params(m: ModelConfig) -> int:
+    """Parameters of a MoE layer one token passes through: top_k of its experts."""
+    layer = layer_params(m, moe=True)
+    layer["experts"] = expert_params(m) * m.moe.top_k
+    return sum(p.total for p in layer.values())
 
 
 def embedding_params(m: ModelConfig, vocab_size: int, tensor: int) -> dict[str, Part]:
@@ -98,10 +146,15 @@ def output_params(m: ModelConfig, vocab_size: int, tensor: int, pipeline: int = 
 
 def parameter_count(m: ModelConfig, vocab_size: int, tensor: int = 1) -> dict[str, int]:
     """Parameters of one model replica, as `count_parameters` reports them (embedding,
-    transformer, output_layer, total), with the breakdown beside them; the vocabulary padded
-    for `tensor` ranks."""
+    transformer, output_layer, total), with the breakdown beside them and, for a MoE model, the
+    active parameters (those one token passes through; a dense model's are all of them); the
+    vocabulary padded for `tensor` ranks."""
     layer = layer_params(m)
     per_layer = sum(p.total for p in layer.values())
+    moe = moe_layers(m)
+    moe_layer = sum(p.total for p in layer_params(m, moe=True).values()) if moe else 0
+    active_moe_layer = active_layer_params(m) if moe else 0
+    dense = m.num_layers - moe
     embedding = embedding_params(m, vocab_size, tensor)
     final_norm = _norm(m).total
     counts = {
@@ -113,12 +166,28 @@ def parameter_count(m: ModelConfig, vocab_size: int, tensor: int = 1) -> dict[st
         "mlp_per_layer": layer["mlp"].total,
         "norms_per_layer": layer["norms"].total,
         "layer": per_layer,
+        "dense_layers": dense,
+        "moe_layers": moe,
+        "moe_layer": moe_layer,
+        "experts_per_layer": expert_params(m).total * m.moe.experts if moe else 0,
         "final_norm": final_norm,
-        "transformer": per_layer * m.num_layers + final_norm,
+        "transformer": per_layer * dense + moe_layer * moe + final_norm,
         "output_layer": output_params(m, vocab_size, tensor).total,
     }
     counts["total"] = counts["embedding"] + counts["transformer"] + counts["output_layer"]
+    counts["active"] = counts["total"] - moe * (moe_layer - active_moe_layer)
     return counts
+
+
+def layer_kinds(
+    m: ModelConfig, pipeline: int, stage: int, split: PipelineSplit = EVEN
+) -> tuple[int, int]:
+    """(dense layers, MoE layers) on pipeline rank `stage`: the model's first
+    model.moe.first_dense_layers layers are dense, the rest MoE (all dense without experts)."""
+    layers = split.layers(m.num_layers, pipeline, stage)
+    first = sum(split.layers(m.num_layers, pipeline, s) for s in range(stage))
+    dense = max(0, min(m.num_layers - moe_layers(m), first + layers) - first)
+    return dense, layers - dense
 
 
 def stage_params(
@@ -128,23 +197,40 @@ def stage_params(
     pipeline: int,
     stage: int,
     split: PipelineSplit = EVEN,
+    expert: int = 1,
+    expert_tensor: int | None = None,
 ) -> dict[str, int]:
     """Parameters on one GPU of a pipeline stage (one tensor-parallel rank): its share of the
     layers (fewer on the first and last stage where `split` counts the embedding or the loss as
-    a layer), the embedding on the first stage, final norm and output layer on the last."""
-    layers = split.layers(m.num_layers, pipeline, stage)
-    transformer = sum(layer_params(m).values(), Part()) * layers
+    a layer), the embedding on the first stage, final norm and output layer on the last. A MoE
+    layer's experts are shared out over `expert` ranks and each split over `expert_tensor`
+    (none: `tensor`) ranks; `experts` is their share, within `total`, which the distributed
+    optimizer shards over the expert-data-parallel ranks instead of the data-parallel ones."""
+    dense, moe = layer_kinds(m, pipeline, stage, split)
+    transformer = sum(layer_params(m).values(), Part()) * dense
+    experts = Part()
+    if moe:
+        moe_layer = layer_params(m, moe=True)
+        experts = moe_layer.pop("experts") * moe
+        transformer = transformer + sum(moe_layer.values(), Part()) * moe
+    expert_share = experts.per_rank(expert_tensor or tensor) // expert
     embedding = output = Part()
     if stage == 0:
         embedding = sum(embedding_params(m, vocab_size, tensor).values(), Part())
     if stage == pipeline - 1:
         transformer = transformer + _norm(m)
         output = output_params(m, vocab_size, tensor, pipeline)
+    expert_gemms = _gemm_weights(m, expert_ffn_hidden_size(m)) * m.moe.experts // expert
+    shared = m.moe.shared_expert_ffn_hidden_size
+    moe_gemms = linear_weights(m) - _gemm_weights(m, ffn_hidden_size(m))  # attention's
+    moe_gemms += _gemm_weights(m, shared) if shared else 0
     counts = {
         "embedding": embedding.per_rank(tensor),
-        "transformer": transformer.per_rank(tensor),
+        "transformer": transformer.per_rank(tensor) + expert_share,
         "output_layer": output.per_rank(tensor),
-        "linear_weights": linear_weights(m) * layers // tensor,
+        "experts": expert_share,
+        "linear_weights": (linear_weights(m) * dense + moe_gemms * moe) // tensor
+        + expert_gemms * moe // (expert_tensor or tensor),
     }
     counts["total"] = counts["embedding"] + counts["transformer"] + counts["output_layer"]
     return counts

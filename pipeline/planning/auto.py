@@ -116,6 +116,7 @@ def constraints(cfg: PipelineConfig) -> tuple[Constraints, str]:
         virtual_pipeline=p.virtual_pipeline,
         recompute=RECOMPUTE_MODES if t.recompute == AUTO else (t.recompute,),
         sequence_parallel=p.sequence_parallel,
+        experts=(p.expert,),  # a number the run gives (1: the experts whole on each rank)
     ), kept
 
 

@@ -14,11 +14,12 @@ from __future__ import annotations
 import json
 import re
 import statistics
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
 from pipeline.config import ModelConfig
 from pipeline.config.choices import RECOMPUTE_MODES
+from pipeline.config.sections.model import MoeConfig
 from pipeline.planning.hardware import Hardware, preset
 from pipeline.planning.memory import memory_per_gpu
 from pipeline.planning.parallel_layout import ParallelLayout
@@ -43,10 +44,37 @@ class Row:
     source: str
     role: str  # "fit" or "held_out"
 
+    @property
+    def moe(self) -> bool:
+        return self.model.moe.experts > 0
 
-def model_of(spec: dict) -> ModelConfig:
+
+@dataclass
+class PublishedModel(ModelConfig):
+    """A published model's shape, with what the pipeline's config cannot describe: an attention
+    head width other than hidden / heads (Qwen3's 128; pipeline.model.sizes.kv_channels)."""
+
+    kv_channels: int | None = field(default=None)
+
+
+def moe_of(spec: dict | None) -> MoeConfig:
+    """A published row's experts ("moe": experts, top_k, expert_ffn, shared experts and their
+    width, dense first layers); none: a dense model."""
+    if not spec:
+        return MoeConfig()
+    shared = (spec.get("shared_experts") or 0) * (spec.get("shared_expert_ffn") or 0)
+    return MoeConfig(
+        experts=spec["experts"],
+        top_k=spec["top_k"],
+        ffn_hidden_size=spec["expert_ffn"],
+        shared_expert_ffn_hidden_size=shared,
+        first_dense_layers=spec.get("dense_layers") or 0,
+    )
+
+
+def model_of(spec: dict, moe: dict | None = None) -> ModelConfig:
     heads = spec["heads"]
-    return ModelConfig(
+    return PublishedModel(
         name=spec["name"],
         num_layers=spec["layers"],
         hidden_size=spec["hidden"],
@@ -61,16 +89,24 @@ def model_of(spec: dict) -> ModelConfig:
         add_bias_linear=spec["bias"],
         hidden_dropout=spec["dropout"],
         attention_dropout=spec["dropout"],
+        moe=moe_of(moe),
+        kv_channels=spec.get("kv_channels"),
     )
 
 
 def layout_of(r: dict) -> ParallelLayout:
     per_rank = r["global_batch"] // r["dp"]
+    moe = r.get("moe") or {}
     return ParallelLayout(
         tensor=r["tp"],
         pipeline=r["pp"],
         data=r["dp"],
         context=r["cp"],
+        expert=moe.get("ep") or 1,
+        expert_tensor=moe.get("etp"),
+        ep_comm_overlap=moe.get("a2a_overlap", False),
+        dispatcher_host_sync=moe.get("dispatcher_host_sync", True),
+        ep_dedup=moe.get("dispatcher") == "flex",
         micro_batch=r["micro_batch"],
         grad_accum=per_rank // r["micro_batch"],
         recompute=r["recompute"],
@@ -100,7 +136,7 @@ def load(path: Path = PUBLISHED) -> list[Row]:
     return [
         Row(
             id=r["id"],
-            model=model_of(r["model"]),
+            model=model_of(r["model"], r.get("moe")),
             vocab=r["model"]["vocab"],
             hardware=preset(r["gpu"]),
             layout=layout_of(r),
@@ -134,7 +170,16 @@ SET_NAMES = {
     "fit": "Fitted rows",
     "held_out": "Held-out rows (never fitted on)",
     "unseen_sources": "Held-out rows from sources no fitted row comes from",
+    "moe_fit": "  of them MoE, fitted",
+    "moe_held_out": "  of them MoE, held out",
 }
+
+
+def moe_sets(rows: list[Row]) -> dict[str, list[Row]]:
+    """The mixture-of-experts rows among the complete ones, fitted and held out: shown apart,
+    within the bounds' sets."""
+    sets = counted_sets(rows)
+    return {f"moe_{name}": [r for r in sets[name] if r.moe] for name in ("fit", "held_out")}
 
 
 def capacity(hw: Hardware) -> int:
@@ -216,7 +261,9 @@ def constants_lines(constants: Constants = CONSTANTS) -> list[str]:
         "gemm_half_dim": "fitted; small hidden sizes (the single-H200 rows) pin it",
         "attention_fraction": "fitted; flash attention's reach of the bf16 peak",
         "layer_overhead_ms": "fitted on the single-H200 micro-batch sweeps (0.37-0.46 each)",
-        "tp_overlap_hidden": "set, not fitted: TE's userbuffers hide most but not all of it",
+        "tp_overlap_hidden": "set, not fitted: TE's userbuffers hide most but not all of it "
+        "(and moe_a2a_overlap the dispatcher's all-to-alls)",
+        "moe_expert_overhead_ms": "fitted on the two single-H200 MoE rows (32 local experts)",
     }
     return [
         f"  {f.name} = {getattr(constants, f.name):g}  ({notes[f.name]})" for f in fields(constants)

@@ -72,6 +72,12 @@ def report_lines(choices: bool = True) -> tuple[list[str], bool]:
         "fits, not counted in the bounds",
     ]
     ok = True
+    for name, counted in v.moe_sets(rows).items():
+        summary = v.bounds(v.errors(counted))
+        lines.append(
+            f"{v.SET_NAMES[name]}: {summary['rows']:.0f}; within {v.WITHIN:.0%}: "
+            f"{summary['within']:.0%}; median absolute error {summary['median']:.1%}"
+        )
     for name, counted in v.counted_sets(rows).items():
         summary = v.bounds(v.errors(counted))
         holds = v.holds(summary)

@@ -2,7 +2,14 @@
 (bf16 weights, fp32 main gradients and Adam state, optionally sharded by the distributed
 optimizer) and the activation estimates of Korthikanti et al., "Reducing Activation
 Recomputation in Large Transformer Models" (2022), adapted to what Transformer Engine keeps
-for backward. tests/gpu compares these with torch.cuda.max_memory_allocated()."""
+for backward. tests/gpu compares these with torch.cuda.max_memory_allocated().
+
+Mixture of experts: expert weights, gradients and optimizer state are split over the expert-
+parallel ranks (and expert-tensor-parallel ones), and the distributed optimizer shards them over
+the expert-data-parallel ranks; a MoE layer keeps, instead of the MLP's activations, the router's
+fp32 scores and the routed copies (tokens x top_k rows, as many as an even load puts on each GPU)
+its grouped GEMMs and the weighting by the router's probabilities keep; the dispatcher's
+permute and all-to-all buffers are a working set of one layer."""
 
 from __future__ import annotations
 
@@ -12,7 +19,8 @@ from dataclasses import replace
 
 from pipeline.config import ModelConfig
 from pipeline.model.figures import ModelFigures
-from pipeline.model.sizes import ffn_hidden_size
+from pipeline.model.parameters import layer_kinds
+from pipeline.model.sizes import expert_ffn_hidden_size, ffn_hidden_size, kv_channels
 from pipeline.planning.parallel_layout import ParallelLayout
 from pipeline.planning.units import GIB
 
@@ -38,7 +46,38 @@ def _core_attention_bytes(m: ModelConfig, layout: ParallelLayout, recompute: str
     return float((e + dropout) * a * s * s * b)
 
 
-def layer_activations(m: ModelConfig, layout: ParallelLayout, recompute: str | None = None) -> int:
+def routed_rows(m: ModelConfig, layout: ParallelLayout) -> float:
+    """Token copies a GPU's experts take per micro-batch of a MoE layer under an even load: its
+    tokens (a sequence-parallel share) x top_k, gathered over the expert-tensor-parallel ranks
+    that split each expert."""
+    seq_split = layout.tensor if layout.sequence_parallel else 1
+    gathered = min(layout.expert_tensor_size, seq_split)
+    return m.seq_length * layout.micro_batch * m.moe.top_k * gathered / seq_split
+
+
+def _moe_mlp_bytes(m: ModelConfig, layout: ParallelLayout, gemm_input: int) -> tuple[float, float]:
+    """What a MoE layer's MLP keeps: (before sequence parallelism splits it: the router's fp32
+    scores and probabilities; on one GPU: the routed rows' GEMM inputs, FC1 and activation
+    outputs, the experts' outputs weighted by the probabilities in backward, and the shared
+    expert's tensors)."""
+    s, b, e = m.seq_length, layout.micro_batch, activation_dtype_bytes(layout)
+    gated = 2 if m.activation == "swiglu" else 1
+    router = 2 * 4 * s * b * m.moe.experts
+    ffn = expert_ffn_hidden_size(m) / layout.expert_tensor_size
+    per_row = m.hidden_size * (gemm_input + e) + ffn * (gated * e + gemm_input)
+    shared = m.moe.shared_expert_ffn_hidden_size
+    shared_bytes = s * b * shared * (gated * e + gemm_input) / layout.tensor
+    return router, routed_rows(m, layout) * per_row + shared_bytes
+
+
+def dispatch_bytes(m: ModelConfig, layout: ParallelLayout) -> int:
+    """The dispatcher's buffers during one MoE layer: the permuted rows and their all-to-all copy."""
+    return math.ceil(2 * activation_dtype_bytes(layout) * routed_rows(m, layout) * m.hidden_size)
+
+
+def layer_activations(
+    m: ModelConfig, layout: ParallelLayout, recompute: str | None = None, moe: bool = False
+) -> int:
     """Bytes one transformer layer keeps for backward, per micro-batch, on one GPU.
 
     Korthikanti et al. count s*b*h*(34 + 5*a*s/h) bytes for a GPT-3 layer (bf16, dropout, GeLU
@@ -60,7 +99,7 @@ def layer_activations(m: ModelConfig, layout: ParallelLayout, recompute: str | N
         return math.ceil(e * s * b * h / seq_split)
     heads = m.num_attention_heads
     groups = m.num_query_groups or heads
-    head_dim = h // heads
+    head_dim = kv_channels(m)
     ffn = ffn_hidden_size(m)
     fp8 = layout.precision == "fp8"
     gemm_input = 1 if fp8 else e
@@ -68,10 +107,12 @@ def layer_activations(m: ModelConfig, layout: ParallelLayout, recompute: str | N
     whole = s * b * h * (2 * e + 2 * gemm_input + masks)
     qkv = e * s * b * head_dim * (heads + 2 * groups)
     attention_out = s * b * heads * head_dim * (e + (1 if fp8 else 0))
-    fc1_out = e * s * b * ffn * (2 if m.activation == "swiglu" else 1)
-    act_out = gemm_input * s * b * ffn
-    split = qkv + attention_out + fc1_out + act_out + _core_attention_bytes(m, layout, recompute)
-    return math.ceil(whole / seq_split + split / layout.tensor)
+    mlp = s * b * ffn * (e * (2 if m.activation == "swiglu" else 1) + gemm_input) / layout.tensor
+    if moe:
+        router, mlp = _moe_mlp_bytes(m, layout, gemm_input)
+        whole += router
+    split = qkv + attention_out + _core_attention_bytes(m, layout, recompute)
+    return math.ceil(whole / seq_split + split / layout.tensor + mlp)
 
 
 def stage_activations(
@@ -79,13 +120,20 @@ def stage_activations(
 ) -> int:
     """One micro-batch's activations over a pipeline stage's layers (per GPU)."""
     recompute = recompute or layout.recompute
-    layers = layout.pipeline_split.layers(m.num_layers, layout.pipeline, stage)
+    dense, moe = layer_kinds(m, layout.pipeline, stage, layout.pipeline_split)
+    layers = dense + moe
     if recompute != "full":
-        return layers * layer_activations(m, layout, recompute)
+        kept = dense * layer_activations(m, layout, recompute)
+        return kept + moe * layer_activations(m, layout, recompute, moe=True)
+    # the recomputed layers keep only their input; the rest everything (MoE layers last)
     recomputed = min(layout.recompute_layers or layers, layers)
-    return recomputed * layer_activations(m, layout, "full") + (
-        layers - recomputed
-    ) * layer_activations(m, layout, "none")
+    whole_moe = min(moe, layers - recomputed)
+    whole_dense = layers - recomputed - whole_moe
+    return (
+        recomputed * layer_activations(m, layout, "full")
+        + whole_dense * layer_activations(m, layout, "none")
+        + whole_moe * layer_activations(m, layout, "none", moe=True)
+    )
 
 
 def micro_batches_in_flight(layout: ParallelLayout, stage: int = 0) -> float:
@@ -124,19 +172,30 @@ def static_bytes(params: Mapping[str, int], layout: ParallelLayout) -> dict[str,
     grad_reduce_in_fp32), fp32 master weights + Adam's two fp32 moments (12 bytes/param), which
     the distributed optimizer shards over data-parallel ranks. fp8 adds Transformer Engine's
     cached fp8 weight and its transpose (2 bytes per GEMM weight). fp32: no master copy."""
-    n = params["total"]
-    # megatron-core's distributed optimizer shards over the data- and context-parallel ranks
-    shards = layout.data * layout.context if layout.distributed_optimizer else 1
-    if layout.precision == "fp32":
-        weights, optimizer = 4 * n, 8 * n
-    else:
-        weights, optimizer = 2 * n, 12 * n
-        if layout.precision == "fp8":
-            weights += 2 * params["linear_weights"]
+    n, experts = params["total"], params.get("experts", 0)
+    # megatron-core's distributed optimizer shards over the data- and context-parallel ranks,
+    # the experts' state over the ranks that hold the same experts
+    shards, expert_shards = layout.data * layout.context, layout.expert_data
+    if not layout.distributed_optimizer:
+        shards = expert_shards = 1
+    weights_per, optimizer_per = (4, 8) if layout.precision == "fp32" else (2, 12)
+    weights = weights_per * n
+    if layout.precision == "fp8":
+        weights += 2 * params["linear_weights"]
     gradients = 4 * n
+
+    def sharded(per_param: int) -> float:
+        return per_param * ((n - experts) / shards + experts / expert_shards)
+
+    optimizer = sharded(optimizer_per)
     if layout.fsdp:  # published runs with fully sharded weights: weights and gradients too
-        weights, gradients = math.ceil(weights / shards), math.ceil(gradients / shards)
-    return {"weights": weights, "gradients": gradients, "optimizer": math.ceil(optimizer / shards)}
+        extra = weights - weights_per * n
+        weights, gradients = sharded(weights_per) + extra / shards, sharded(4)
+    return {
+        "weights": math.ceil(weights),
+        "gradients": math.ceil(gradients),
+        "optimizer": math.ceil(optimizer),
+    }
 
 
 def stage_memory(
@@ -150,6 +209,11 @@ def stage_memory(
     memory["logits"] = logits_bytes(m, figures.padded_vocab, layout) if last else 0
     # full recompute: the layer being recomputed holds its whole working set again
     memory["working"] = layer_activations(m, layout, "none") if layout.recompute == "full" else 0
+    if layer_kinds(m, layout.pipeline, stage, layout.pipeline_split)[1]:
+        working = (
+            layer_activations(m, layout, "none", moe=True) if layout.recompute == "full" else 0
+        )
+        memory["working"] = max(memory["working"], working + dispatch_bytes(m, layout))
     memory["overhead"] = FIXED_OVERHEAD_BYTES
     memory["total"] = sum(memory.values())
     memory["activations_per_micro_batch"] = per_micro_batch

@@ -31,6 +31,17 @@ class ParallelLayout:
     pipeline_split: PipelineSplit = EVEN
     sequence_parallel: bool = False
     context: int = 1  # context-parallel ranks (published runs, planned runs; trained with 1)
+    # MoE: experts shared out over `expert` ranks inside data parallelism, each expert split over
+    # `expert_tensor` ranks (None: tensor)
+    expert: int = 1
+    expert_tensor: int | None = None
+    # published MoE runs: the dispatcher's all-to-alls overlapped with another micro-batch's
+    # compute (megatron-core's moe_a2a_overlap), a dispatcher that never waits on the host
+    # (CUDA-graphed router and preprocessing), one that sends a token once to each other node
+    # (HybridEP, DeepEP); this pipeline runs megatron-core's plain all-to-all dispatcher
+    ep_comm_overlap: bool = False
+    dispatcher_host_sync: bool = True
+    ep_dedup: bool = False
     distributed_optimizer: bool = True
     overlap_grad_reduce: bool = False
     overlap_param_gather: bool = False
@@ -45,6 +56,16 @@ class ParallelLayout:
     @property
     def gpus(self) -> int:
         return self.tensor * self.pipeline * self.context * self.data
+
+    @property
+    def expert_tensor_size(self) -> int:
+        return self.expert_tensor or self.tensor
+
+    @property
+    def expert_data(self) -> int:
+        """Ranks holding the same experts, over which their optimizer state is sharded:
+        megatron-core's TP x CP x DP = expert-TP x EP x expert-DP."""
+        return self.tensor * self.context * self.data // (self.expert_tensor_size * self.expert)
 
     @property
     def global_batch(self) -> int:
@@ -67,6 +88,8 @@ class ParallelLayout:
             pipeline_split=PipelineSplit.of(p),
             sequence_parallel=sp,
             context=p.context,
+            expert=p.expert,
+            expert_tensor=p.expert_tensor,
             distributed_optimizer=p.distributed_optimizer,
             overlap_grad_reduce=p.overlap_grad_reduce,
             # megatron-core gathers weights only with the distributed optimizer
@@ -79,11 +102,23 @@ class ParallelLayout:
 
     def model_figures(self, m: ModelConfig, vocab_size: int) -> ModelFigures:
         """The model's figures for this layout's tensor and pipeline split."""
-        return figures.of(m, vocab_size, self.tensor, self.pipeline, self.pipeline_split)
+        return figures.of(
+            m,
+            vocab_size,
+            self.tensor,
+            self.pipeline,
+            self.pipeline_split,
+            self.expert,
+            self.expert_tensor,
+        )
 
     def describe(self) -> str:
         vp = f" (x{self.virtual_pipeline} virtual)" if self.virtual_pipeline else ""
         sp = ", sequence parallel" if self.sequence_parallel else ""
+        if self.expert > 1 or self.expert_tensor:
+            sp += f", EP={self.expert}" + (
+                f" ETP={self.expert_tensor}" if self.expert_tensor else ""
+            )
         return (
             f"TP={self.tensor} PP={self.pipeline}{vp} DP={self.data}, micro-batch "
             f"{self.micro_batch} x accumulation {self.grad_accum}, recompute {self.recompute}"

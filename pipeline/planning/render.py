@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from pipeline.config import PipelineConfig
+from pipeline.config import ModelConfig, PipelineConfig
 from pipeline.config.choices import RECOMPUTE_MODES
 from pipeline.config.derived import world_size
 from pipeline.core.paths import RunPaths
@@ -114,17 +114,34 @@ def _parameter_lines(cfg: PipelineConfig, plan: Plan) -> list[str]:
         f"Parameters: {count(c['total'])} ({c['total']:,})",
         f"  embedding     {count(c['embedding']):>9}  ({c['padded_vocab']} x {m.hidden_size}"
         f"{position})",
-        f"  transformer   {count(c['transformer']):>9}  ({m.num_layers} x {count(c['layer'])}: "
-        f"attention {count(c['attention_per_layer'])}, MLP {count(c['mlp_per_layer'])}, norms "
-        f"{count(c['norms_per_layer'])}; final norm {count(c['final_norm'])})",
+        f"  transformer   {count(c['transformer']):>9}  ({_layers_text(m, c)}; final norm "
+        f"{count(c['final_norm'])})",
         f"  output layer  {count(c['output_layer']):>9}  ({tied})",
     ]
+    if c["moe_layers"]:  # FLOPs, MFU and the time model count these
+        lines.insert(
+            3, f"Active parameters: {count(c['active'])} ({c['active']:,}; top {m.moe.top_k})"
+        )
     t, p = plan.layout.tensor, plan.layout.pipeline
     per_gpu = ", ".join(
         f"stage {s}: {count(figures.stages[s]['total'])}" for s in sorted({0, p - 1})
     )
     lines.append(f"  per GPU (TP={t}, PP={p}): {per_gpu}")
     return lines
+
+
+def _layers_text(m: ModelConfig, c: dict[str, int]) -> str:
+    dense = (
+        f"{c['dense_layers']} x {count(c['layer'])}: attention {count(c['attention_per_layer'])}, "
+        f"MLP {count(c['mlp_per_layer'])}, norms {count(c['norms_per_layer'])}"
+    )
+    if not c["moe_layers"]:
+        return dense
+    moe = (
+        f"{c['moe_layers']} MoE x {count(c['moe_layer'])}: {m.moe.experts} experts "
+        f"{count(c['experts_per_layer'])}"
+    )
+    return moe + (f"; {dense}" if c["dense_layers"] else "")
 
 
 def _memory_lines(cfg: PipelineConfig, plan: Plan) -> list[str]:
@@ -244,6 +261,7 @@ def breakdown_text(est: dict[str, float]) -> str:
     parts = (
         ("compute", "compute_s"),
         ("exposed TP", "tp_comm_s"),
+        ("all-to-all", "ep_comm_s"),
         ("pipeline bubble", "bubble_s"),
         ("exposed DP", "dp_comm_s"),
         ("optimizer", "optimizer_s"),
@@ -262,7 +280,7 @@ def _search_lines(
         f"{per_node} per node, sequence {cfg.model.seq_length}, global batch "
         f"{cfg.train.global_batch_size}; ranked by expected tokens/s on {hw.name} "
         f"(NVLink domain {hw.nvlink_domain})",
-        f"  {'#':>3} {'TP':>3} {'PP':>3} {'vp':>3} {'DP':>4} {'mbs':>4} {'accum':>5} "
+        f"  {'#':>3} {'TP':>3} {'PP':>3} {'vp':>3} {'DP':>4} {'EP':>3} {'mbs':>4} {'accum':>5} "
         f"{'recompute':<10}"
         f"{'SP':<4}{'memory':>11} {'MFU':>6} {'tok/s/GPU':>10} {'step':>9}",
     ]
@@ -270,7 +288,7 @@ def _search_lines(
         lo, th = c.layout, c.throughput
         lines.append(
             f"  {i:>3} {lo.tensor:>3} {lo.pipeline:>3} {lo.virtual_pipeline or '-':>3} "
-            f"{lo.data:>4} {lo.micro_batch:>4} "
+            f"{lo.data:>4} {lo.expert:>3} {lo.micro_batch:>4} "
             f"{lo.grad_accum:>5} {lo.recompute:<10}{'yes' if lo.sequence_parallel else '-':<4}"
             f"{gib(c.memory['total']):>11} {th['mfu']:>6.2f} "
             f"{th['tokens_per_s_per_gpu']:>10,.0f} {th['step_s']:>8.2f}s"
@@ -352,6 +370,7 @@ def plan_json(cfg: PipelineConfig, plan: Plan, options: PlanOptions) -> dict:
         "breakdown": {
             "compute": est["compute_s"],
             "exposed_tp": est["tp_comm_s"],
+            "all_to_all": est["ep_comm_s"],
             "pp_bubble": est["bubble_s"],
             "exposed_dp": est["dp_comm_s"],
             "optimizer": est["optimizer_s"],

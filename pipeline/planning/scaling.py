@@ -45,7 +45,8 @@ def best_layout(
 
 def limit(choice: Candidate, hw: Hardware) -> str:
     """What costs this point the most beyond compute: the bubble, TP (across NVLink domains),
-    data-parallel traffic (bandwidth and per-bucket latency), or nothing much."""
+    data-parallel traffic (bandwidth and per-bucket latency), the MoE dispatcher's
+    all-to-alls, or nothing much."""
     e, lo = choice.throughput, choice.layout
     costs = {
         "pipeline bubble": e["bubble_s"],
@@ -53,6 +54,7 @@ def limit(choice: Candidate, hw: Hardware) -> str:
             "tp_comm_s"
         ],
         "DP traffic": e["dp_comm_s"],
+        "all-to-all": e["ep_comm_s"],
         "optimizer": e["optimizer_s"],
     }
     name, seconds = max(costs.items(), key=lambda item: item[1])

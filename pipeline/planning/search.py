@@ -1,5 +1,5 @@
-"""The one search over parallel layouts: every (TP, PP, virtual stages, DP, micro-batch,
-accumulation, recompute, sequence parallelism) of a model on N GPUs at a global batch, each
+"""The one search over parallel layouts: every (TP, PP, virtual stages, DP, expert parallelism
+for MoE models, micro-batch, accumulation, recompute, sequence parallelism) of a model on N GPUs at a global batch, each
 estimated for memory (pipeline.planning.memory) and speed (pipeline.planning.throughput), with
 a reason for each layout it leaves out. What each caller may open is a `Constraints` argument:
 the launcher's auto values (pipeline.planning.auto), `python -m pipeline.plan --search` and
@@ -15,7 +15,7 @@ from types import MappingProxyType
 from pipeline.config import ModelConfig, PipelineConfig
 from pipeline.config.choices import RECOMPUTE_MODES
 from pipeline.model.figures import ModelFigures
-from pipeline.model.sizes import ffn_hidden_size
+from pipeline.model.sizes import expert_ffn_hidden_size, ffn_hidden_size
 from pipeline.model.stages import EVEN, PipelineSplit
 from pipeline.planning import hardware
 from pipeline.planning.hardware import Hardware
@@ -41,6 +41,8 @@ class Constraints:
     micro_batches: Callable[[int], Sequence[int]] | None = None
     recompute: tuple[str, ...] = RECOMPUTE_MODES
     sequence_parallel: bool | None = None  # None: on whenever TP > 1
+    # MoE: EP sizes allowed; None: every divisor of the experts the ranks allow
+    experts: tuple[int, ...] | None = None
     capacity: int | None = None  # bytes a GPU holds: a layout needing more is rejected
 
 
@@ -81,6 +83,37 @@ def tensor_parallel_problem(m: ModelConfig, tensor: int) -> str | None:
     return None
 
 
+def expert_parallel_sizes(
+    m: ModelConfig,
+    tensor: int,
+    data: int,
+    context: int,
+    expert_tensor: int | None,
+    c: Constraints,
+    rejected: list[str],
+) -> list[int]:
+    """EP sizes open to a MoE model at (TP, DP, CP): dividing the experts, and with the experts'
+    tensor parallelism dividing TP x CP x DP (megatron-core: TP x CP x DP = expert-TP x EP x
+    expert-DP); [1] for a dense model."""
+    if not m.moe.experts:
+        return [1]
+    etp = expert_tensor or tensor
+    if expert_ffn_hidden_size(m) % etp:
+        rejected.append(f"expert TP={etp} does not divide the experts' FFN")
+        return []
+    ranks = tensor * context * data
+    sizes = [
+        ep
+        for ep in c.experts or divisors(m.moe.experts)
+        if m.moe.experts % ep == 0 and ranks % (etp * ep) == 0
+    ]
+    if not sizes:
+        rejected.append(
+            f"TP={tensor} DP={data}: no EP divides {m.moe.experts} experts and the ranks"
+        )
+    return sizes
+
+
 def pipeline_problem(m: ModelConfig, pipeline: int, split: PipelineSplit = EVEN) -> str | None:
     """Why `pipeline` stages cannot share out the layers (and the embedding and loss, where
     `split` counts them as layers)."""
@@ -106,6 +139,7 @@ def base_layout(cfg: PipelineConfig) -> ParallelLayout:
     settings, on GPUs."""
     p, t = cfg.parallel, cfg.train
     return ParallelLayout(
+        expert_tensor=p.expert_tensor,
         recompute_layers=t.recompute_layers,
         pipeline_split=PipelineSplit.of(p),
         context=p.context,
@@ -170,26 +204,31 @@ def search(
         per_rank = global_batch // data
         sequence = tensor > 1 if c.sequence_parallel is None else c.sequence_parallel
         micros = c.micro_batches(per_rank) if c.micro_batches else divisors(per_rank)
-        for micro in micros:
-            accum = per_rank // micro
-            virtuals = [c.virtual_pipeline if pipeline > 1 else None]
-            if c.search_virtual:
-                virtuals = virtual_stages(m, pipeline, accum, base.pipeline_split)
-            for virtual in virtuals:
-                for mode in c.recompute:
-                    layout = replace(
-                        base,
-                        tensor=tensor,
-                        pipeline=pipeline,
-                        virtual_pipeline=virtual,
-                        data=data,
-                        micro_batch=micro,
-                        grad_accum=accum,
-                        recompute=mode,
-                        sequence_parallel=sequence,
-                        tp_comm_overlap=base.tp_comm_overlap and tensor > 1 and sequence,
-                    )
-                    _consider(m, vocab, layout, hw, c.capacity, found)
+        experts = expert_parallel_sizes(
+            m, tensor, data, base.context, base.expert_tensor, c, found.rejected
+        )
+        for expert in experts:
+            for micro in micros:
+                accum = per_rank // micro
+                virtuals = [c.virtual_pipeline if pipeline > 1 else None]
+                if c.search_virtual:
+                    virtuals = virtual_stages(m, pipeline, accum, base.pipeline_split)
+                for virtual in virtuals:
+                    for mode in c.recompute:
+                        layout = replace(
+                            base,
+                            tensor=tensor,
+                            pipeline=pipeline,
+                            virtual_pipeline=virtual,
+                            data=data,
+                            expert=expert,
+                            micro_batch=micro,
+                            grad_accum=accum,
+                            recompute=mode,
+                            sequence_parallel=sequence,
+                            tp_comm_overlap=base.tp_comm_overlap and tensor > 1 and sequence,
+                        )
+                        _consider(m, vocab, layout, hw, c.capacity, found)
     return found
 
 
@@ -225,8 +264,9 @@ def _consider(
     memory = candidate.memory
     if capacity is not None and memory["total"] > capacity:
         vp = f" vp={layout.virtual_pipeline}" if layout.virtual_pipeline else ""
+        ep = f" EP={layout.expert}" if layout.expert > 1 else ""
         found.rejected.append(
-            f"TP={layout.tensor} PP={layout.pipeline}{vp} DP={layout.data} "
+            f"TP={layout.tensor} PP={layout.pipeline}{vp} DP={layout.data}{ep} "
             f"mbs={layout.micro_batch} recompute={layout.recompute}: needs "
             f"{memory['total'] / GIB:.1f} GiB > {capacity / GIB:.1f} GiB"
         )

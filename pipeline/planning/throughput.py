@@ -15,6 +15,12 @@ One micro-batch on the busiest GPU (the last pipeline stage: its layers and the 
              with tp_comm_overlap
   recompute  full: the layer's forward once more (and its TP collectives); selective: core
              attention's forward
+  MoE        a MoE layer's MLP: each local expert's GEMMs on the rows an even load gives it
+             (tokens x top_k x EP / experts; small ones lose efficiency by the same shape rule,
+             which is what a grouped GEMM pays), the shared expert, the permute and unpermute
+             passes through HBM, and the dispatcher's all-to-alls (two forward, two backward, of
+             tokens x top_k x hidden bytes: over NVLink inside the domain, the network beyond),
+             not overlapped; the router's GEMM and top-k are left out (under 1%)
 The step: (micro-batches + (PP-1)/v) micro-batch times (1F1B and the interleaved schedule's
 bubble), p2p sends between stages (hidden by the interleaved schedule's overlap), the
 data-parallel reduce-scatter / all-gather of the distributed optimizer (or all-reduce), hidden
@@ -29,7 +35,10 @@ from dataclasses import dataclass
 
 from pipeline.config import ModelConfig, PipelineConfig
 from pipeline.model.figures import ModelFigures
+from pipeline.model.parameters import layer_kinds
+from pipeline.model.sizes import expert_ffn_hidden_size, kv_channels
 from pipeline.planning.hardware import Hardware, preset
+from pipeline.planning.memory import routed_rows
 from pipeline.planning.parallel_layout import ParallelLayout
 
 
@@ -43,6 +52,9 @@ class Constants:
     attention_fraction: float = 0.50  # of the bf16 peak flash attention reaches (large heads)
     layer_overhead_ms: float = 0.4  # per layer and micro-batch: gaps between its ~100 kernels
     tp_overlap_hidden: float = 0.6  # share of TP traffic TE's userbuffers overlap hides
+    # the host's work per MoE layer, micro-batch and local expert: launching its GEMMs one by
+    # one (TE's grouped linear), its casts and the dispatcher's kernels (expected_step)
+    moe_expert_overhead_ms: float = 0.275
 
 
 CONSTANTS = Constants()
@@ -92,38 +104,92 @@ def _collective_s(nbytes: float, members: int, stride: int, hw: Hardware, calls:
     return bandwidth + calls * latency * 1e-6
 
 
+def _all_to_all_s(m: ModelConfig, rows: float, lo: ParallelLayout, hw: Hardware, e: int) -> float:
+    """One all-to-all of the dispatcher: each of the EP ranks (expert-TP ranks apart) sends its
+    `rows` routed copies, an equal share to each rank: the shares for ranks in the NVLink domain
+    over NVLink, the others over the network, both at once. A deduplicating dispatcher
+    (HybridEP, DeepEP) sends a token once to each other domain holding one of its experts."""
+    members, stride, h = lo.expert, lo.expert_tensor_size, m.hidden_size
+    if members <= 1:
+        return 0.0
+    in_domain = max(1, min(members, hw.nvlink_domain // stride))
+    nvlink = (in_domain - 1) / members * rows * h * e / (hw.nvlink_gbps * 1e9 * NCCL_EFFICIENCY)
+    remote = (members - in_domain) / members * rows
+    if lo.ep_dedup and members > in_domain:
+        domains, k = members / in_domain, m.moe.top_k
+        remote = min(remote, rows / k * (domains - 1) * (1 - (1 - 1 / domains) ** k))
+    network = remote * h * e / (hw.network_gbps * 1e9 * NCCL_EFFICIENCY)
+    latency = NETWORK_LATENCY_US if members > in_domain else hw.latency_us
+    return max(nvlink, network) + latency * 1e-6
+
+
+def _experts_s(
+    m: ModelConfig, lo: ParallelLayout, hw: Hardware, c: Constants, peak: float, fraction: float
+) -> tuple[float, float]:
+    """A MoE layer's MLP on one GPU, one micro-batch: (its GEMMs forward and backward: the
+    local experts' on the rows an even load gives each, and the shared expert's; one
+    all-to-all of its routed rows) in seconds."""
+    rows, experts = routed_rows(m, lo) / lo.context, m.moe.experts
+    local = experts / lo.expert
+    per_expert = rows / local
+    ffn, etp = expert_ffn_hidden_size(m), lo.expert_tensor_size
+    gated = 2 if m.activation == "swiglu" else 1
+    h = m.hidden_size
+    gemms = local * (
+        _gemm_s(per_expert, gated * ffn / etp, h, peak, fraction, c)
+        + _gemm_s(per_expert, h, ffn / etp, peak, fraction, c)
+    )
+    shared = m.moe.shared_expert_ffn_hidden_size
+    if shared:
+        tokens = lo.micro_batch * m.seq_length / lo.context
+        gemms += _gemm_s(tokens, gated * shared / lo.tensor, h, peak, fraction, c)
+        gemms += _gemm_s(tokens, h, shared / lo.tensor, peak, fraction, c)
+    e = 4 if lo.precision == "fp32" else 2
+    a2a = _all_to_all_s(m, rows, lo, hw, e)
+    return gemms, a2a
+
+
 def _layer_s(
-    m: ModelConfig, ffn: int, lo: ParallelLayout, hw: Hardware, c: Constants
-) -> tuple[float, float, float, float]:
-    """One layer of MLP width `ffn`, one micro-batch, one GPU: (forward + backward compute, its
-    elementwise part, forward attention, one forward TP collective) in seconds."""
+    m: ModelConfig, ffn: int, lo: ParallelLayout, hw: Hardware, c: Constants, moe: bool = False
+) -> tuple[float, float, float, float, float]:
+    """One layer of MLP width `ffn` (`moe`: a MoE layer's experts), one micro-batch, one GPU:
+    (forward + backward compute, its elementwise part, forward attention, one forward TP
+    collective, one all-to-all of the dispatcher) in seconds."""
     t, tokens = lo.tensor, lo.micro_batch * m.seq_length / lo.context
     h, heads = m.hidden_size, m.num_attention_heads
-    groups, head_dim = m.num_query_groups or heads, h // heads
+    groups, head_dim = m.num_query_groups or heads, kv_channels(m)
     gated = m.activation == "swiglu"
     fp8 = lo.precision == "fp8" and hw.fp8
     peak = hw.peak_tflops("fp8" if fp8 else "bf16")
     fraction = c.fp8_gemm_fraction if fp8 else c.gemm_fraction
-    gemms = (
-        _gemm_s(tokens, head_dim * (heads + 2 * groups) / t, h, peak, fraction, c)  # QKV
-        + _gemm_s(tokens, h, heads * head_dim / t, peak, fraction, c)  # output projection
-        + _gemm_s(tokens, ffn * (2 if gated else 1) / t, h, peak, fraction, c)  # FC1
-        + _gemm_s(tokens, h, ffn / t, peak, fraction, c)  # FC2
-    )
+    gemms = _gemm_s(tokens, head_dim * (heads + 2 * groups) / t, h, peak, fraction, c)  # QKV
+    gemms += _gemm_s(tokens, h, heads * head_dim / t, peak, fraction, c)  # output projection
+    a2a = 0.0
+    if moe:
+        experts, a2a = _experts_s(m, lo, hw, c, peak, fraction)
+        gemms += experts
+    else:
+        gemms += _gemm_s(tokens, ffn * (2 if gated else 1) / t, h, peak, fraction, c)  # FC1
+        gemms += _gemm_s(tokens, h, ffn / t, peak, fraction, c)  # FC2
     e = 4 if lo.precision == "fp32" else 2
     attention_fwd = _attention_fwd_s(m, lo, hw, c, tokens, e)
     whole = 10 * h * e  # two norms (read, write) and two residual adds (two reads, a write)
     if m.hidden_dropout > 0:  # two dropouts: read, write and a mask byte each
         whole += 2 * (2 * e + 1) * h
+    if moe:  # the routed rows' activation, and the shared expert's
+        ffn = m.moe.top_k * expert_ffn_hidden_size(m) + m.moe.shared_expert_ffn_hidden_size
     split = (2 * (heads + groups) * head_dim + (3 if gated else 2) * ffn) * e  # RoPE, activation
     if fp8:  # casts of the four GEMM inputs and the gradients to fp8
         split += 3 * (h + ffn) * e
     seq_split = t if lo.sequence_parallel else 1
+    if moe:  # permute and unpermute (each a read and a write); with EP, two chunk sorts more
+        passes = 2 + 2 * m.moe.top_k + (4 * m.moe.top_k if lo.expert > 1 else 0)
+        whole += passes * h * e
     per_token = 3 * (whole / seq_split + split / t)  # backward moves about twice forward's bytes
     elementwise = per_token * tokens / (hw.hbm_gbps * 1e9 * HBM_EFFICIENCY)
     compute = gemms + 3.5 * attention_fwd + elementwise + c.layer_overhead_ms * 1e-3
     tp_one = _collective_s(tokens * h * e, t, 1, hw) if t > 1 else 0.0
-    return compute, elementwise, attention_fwd, tp_one
+    return compute, elementwise, attention_fwd, tp_one, a2a
 
 
 def _attention_fwd_s(
@@ -133,7 +199,7 @@ def _attention_fwd_s(
     the causal half of Q K^T and P V at a fraction of the bf16 peak that falls with the head
     dimension (the matmuls' inner size); unfused attention multiplies the whole s x s matrix
     and writes the scores, the softmax (and its dropout) through HBM."""
-    heads, head_dim = m.num_attention_heads / lo.tensor, m.hidden_size // m.num_attention_heads
+    heads, head_dim = m.num_attention_heads / lo.tensor, kv_channels(m)
     s = m.seq_length
     shape = head_dim / (head_dim + c.gemm_half_dim)
     if lo.fused_kernels and lo.precision != "fp32":
@@ -174,19 +240,41 @@ def expected_step(
     params = figures.even_busiest_stage
     model_flops = figures.flops_per_sequence_tp1 * lo.global_batch
     layers = math.ceil(m.num_layers / p)
-    compute, _, attention_fwd, tp_one = _layer_s(m, ffn, lo, hw, c)
+    # the busiest stage's layers: the last ones, MoE layers where the model has them
+    moe = min(layers, layer_kinds(m, p, p - 1, lo.pipeline_split)[1])
+    compute, _, attention_fwd, tp_one, _ = _layer_s(m, ffn, lo, hw, c)
+    all_to_all = stall = 0.0  # per layer, averaged over the stage's layers
+    if moe:
+        moe_compute, _, _, _, a2a = _layer_s(m, ffn, lo, hw, c, moe=True)
+        # the host's work for a MoE layer (launching its many small kernels): the dispatcher's
+        # sync on the tokens per expert makes the GPU wait for it; without one the host runs
+        # ahead and it only bounds the layer from below
+        local = m.moe.experts / lo.expert
+        host = c.moe_expert_overhead_ms * local * 1e-3
+        if lo.dispatcher_host_sync:
+            stall = host * moe / layers
+        else:
+            moe_compute = max(moe_compute, host)
+        compute = ((layers - moe) * compute + moe * moe_compute) / layers
+        all_to_all = 4 * a2a * moe / layers  # dispatch and combine, forward and backward
+        if lo.ep_comm_overlap:
+            all_to_all *= 1 - c.tp_overlap_hidden
     collectives = 8  # forward and backward: 2 all-gathers and 2 reduce-scatters each
-    if lo.recompute == "full":
+    if lo.recompute == "full":  # the forward once more, with its all-to-alls and stalls
         recomputed = min(lo.recompute_layers or layers, layers)
         compute += compute / 3 * recomputed / layers
         collectives += 4 * recomputed / layers
+        all_to_all *= 1 + recomputed / layers / 2
+        stall *= 1 + recomputed / layers
     elif lo.recompute == "selective":
         compute += attention_fwd
+    compute += stall
     hidden = c.tp_overlap_hidden if lo.tp_comm_overlap else 0.0
     tp_layer = collectives * tp_one * (1 - hidden)
     micro_s = layers * compute + _output_layer_s(m, padded, lo, hw, c)
     micro_tp = layers * tp_layer
-    per_micro = micro_s + micro_tp
+    micro_a2a = layers * all_to_all
+    per_micro = micro_s + micro_tp + micro_a2a
     accum = lo.grad_accum
     bubble = (p - 1) / v * per_micro
     if p > 1 and v == 1:  # 1F1B's blocking sends: forward activation and backward gradient
@@ -204,6 +292,7 @@ def expected_step(
         "step_s": step,
         "compute_s": accum * micro_s,
         "tp_comm_s": accum * micro_tp,
+        "ep_comm_s": accum * micro_a2a,
         "bubble_s": bubble,
         "dp_comm_s": dp_s,
         "optimizer_s": optimizer,
@@ -213,21 +302,30 @@ def expected_step(
     }
 
 
-def _data_parallel_s(params: int, lo: ParallelLayout, hw: Hardware, per_micro: float) -> float:
-    """Exposed seconds of the gradient reduction and weight gathering over DP x CP ranks, of
-    a stage of `params` parameters."""
-    members, stride = lo.data * lo.context, lo.tensor
-    if members <= 1:
-        return 0.0
-    grads = params * (4 if lo.grad_reduce_fp32 else 2)
-    bucket = lo.bucket_params or max(BUCKET_PARAMS, 1_000_000 * members)
-    buckets = math.ceil(params / bucket)
-    if lo.distributed_optimizer or lo.fsdp:
-        reduce = _collective_s(grads, members, stride, hw, buckets)
-        gather = _collective_s(2 * params, members, stride, hw, buckets) * (2 if lo.fsdp else 1)
-    else:  # an all-reduce: a reduce-scatter and an all-gather of the gradients
-        reduce, gather = 2 * _collective_s(grads, members, stride, hw, buckets), 0.0
-    tail = min(1.0, bucket / params)  # the last bucket waits for the end of backward
+def _data_parallel_s(
+    params: dict[str, int], lo: ParallelLayout, hw: Hardware, per_micro: float
+) -> float:
+    """Exposed seconds of the gradient reduction and weight gathering of a stage's `params`
+    (stage_params): over the DP x CP ranks, and for a MoE model's experts over the
+    expert-data-parallel ranks that hold the same experts."""
+    total, experts = params["total"], params.get("experts", 0)
+    groups = [(total - experts, lo.data * lo.context, lo.tensor)]
+    if experts:
+        groups.append((experts, lo.expert_data, lo.expert_tensor_size * lo.expert))
+    reduce = gather = 0.0
+    for count, members, stride in groups:
+        if members <= 1 or not count:
+            continue
+        grads = count * (4 if lo.grad_reduce_fp32 else 2)
+        bucket = lo.bucket_params or max(BUCKET_PARAMS, 1_000_000 * members)
+        buckets = math.ceil(count / bucket)
+        if lo.distributed_optimizer or lo.fsdp:
+            reduce += _collective_s(grads, members, stride, hw, buckets)
+            gather += _collective_s(2 * count, members, stride, hw, buckets) * (1 + lo.fsdp)
+        else:  # an all-reduce: a reduce-scatter and an all-gather of the gradients
+            reduce += 2 * _collective_s(grads, members, stride, hw, buckets)
+    bucket = lo.bucket_params or max(BUCKET_PARAMS, 1_000_000 * lo.data * lo.context)
+    tail = min(1.0, bucket / total)  # the last bucket waits for the end of backward
     if lo.overlap_grad_reduce:
         reduce = max(reduce - 2 / 3 * per_micro, reduce * tail)
     if lo.overlap_param_gather or lo.fsdp:
@@ -235,6 +333,10 @@ def _data_parallel_s(params: int, lo: ParallelLayout, hw: Hardware, per_micro: f
     return reduce + gather
 
 
-def _optimizer_s(params: int, lo: ParallelLayout, hw: Hardware) -> float:
-    shards = lo.data * lo.context if lo.distributed_optimizer or lo.fsdp else 1
-    return params / shards * OPTIMIZER_BYTES / (hw.hbm_gbps * 1e9 * HBM_EFFICIENCY)
+def _optimizer_s(params: dict[str, int], lo: ParallelLayout, hw: Hardware) -> float:
+    """The optimizer's pass over its shard: the dense parameters' and the experts'."""
+    experts = params.get("experts", 0)
+    sharded = lo.distributed_optimizer or lo.fsdp
+    shards, expert_shards = (lo.data * lo.context, lo.expert_data) if sharded else (1, 1)
+    per_gpu = (params["total"] - experts) / shards + experts / expert_shards
+    return per_gpu * OPTIMIZER_BYTES / (hw.hbm_gbps * 1e9 * HBM_EFFICIENCY)
