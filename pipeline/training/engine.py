@@ -57,6 +57,8 @@ class Engine:
                 s.tensor,
                 s.pipeline,
                 virtual_pipeline_model_parallel_size=cfg.parallel.virtual_pipeline,
+                expert_model_parallel_size=cfg.parallel.expert,
+                expert_tensor_parallel_size=cfg.parallel.expert_tensor,
             )
         torch.manual_seed(cfg.train.seed)
         if self.device.type == "cuda":
