@@ -203,9 +203,9 @@ class DataParallelAdamW:
     def _average(self, grads: list[torch.Tensor], experts: bool) -> None:
         """Sum `grads` (in place) over the ranks holding the same weights, over the job's
         data-parallel size."""
-        group = self.expert_dp_group if experts else self.dp_group
         if not grads or self.dp_size == 1:
             return
+        group = self.expert_dp_group if experts else self.dp_group
         flat = torch.cat([g.reshape(-1) for g in grads])
         if torch.distributed.get_world_size(group) > 1:
             torch.distributed.all_reduce(flat, group=group)
