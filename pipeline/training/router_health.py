@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from pipeline.config import PipelineConfig
+from pipeline.config import ModelConfig, PipelineConfig
 from pipeline.config.derived import sequence_parallel, settled
 from pipeline.model import moe
 
@@ -65,12 +65,18 @@ def collapse(load: LayerLoad, top_k: int) -> str | None:
     return None
 
 
-def warning_line(step: int, load: LayerLoad, problem: str, top_k: int) -> str:
-    limit = collapse_ratio(len(load.tokens), top_k)
+def warning_line(step: int, layer: int, problem: str, m: ModelConfig) -> str:
+    """The one line the log gets for a layer whose routing collapsed."""
+    limit = collapse_ratio(m.moe.experts, m.moe.top_k)
+    remedy = (
+        "raise model.moe.aux_loss_coeff or lower train.lr"
+        if m.moe.router != "aux_loss_free"
+        else "lower train.lr or use model.moe.router=aux_loss"
+    )
     return (
-        f"step {step}: routing collapse in MoE layer {load.layer}: {problem} (collapsed: busiest "
-        f"expert over {limit:.1f}x even, or half the experts idle); raise "
-        "model.moe.aux_loss_coeff or lower train.lr"
+        f"warning: step {step}: routing collapsed in MoE layer {layer}: {problem} (collapse: "
+        f"the busiest expert over {limit:.1f}x its even share, or half the experts idle); "
+        f"{remedy}"
     )
 
 
@@ -84,7 +90,6 @@ class RouterHealth:
         m = cfg.model
         self.layers, self.experts, self.top_k = m.num_layers, m.moe.experts, m.moe.top_k
         self.counts = torch.zeros(self.layers, self.experts + 1, dtype=torch.float64)
-        self.micro_batches = 0  # forward passes of this rank over the interval
         for router in self.routers:
             router.register_forward_hook(self._count)
         # tensor-parallel ranks without sequence parallelism route the same tokens
@@ -105,12 +110,10 @@ class RouterHealth:
         row[:-1] += routing_map.sum(dim=0).to("cpu", torch.float64)
         row[-1] += routing_map.shape[0] * self.top_k
 
-    def micro_batch_done(self, count: int) -> None:
-        self.micro_batches += count
-
-    def interval(self) -> tuple[dict, list[LayerLoad]]:
-        """The metrics of the interval since the last call (every rank calls it: it
-        all-reduces), and each MoE layer's load."""
+    def interval(self, micro_batches: int) -> tuple[dict, list[LayerLoad]]:
+        """The metrics of the interval since the last call, in which each rank ran
+        `micro_batches` training forward passes (every rank calls it: it all-reduces), and each
+        MoE layer's load."""
         from megatron.core.transformer.moe.moe_utils import (
             clear_aux_losses_tracker,
             get_moe_layer_wise_logging_tracker,
@@ -125,7 +128,7 @@ class RouterHealth:
         # one all-reduce of everything: counts sum over the ranks routing different tokens;
         # the losses (each rank's mean over its micro-batches) average over the ranks holding
         # the layer, every rank of its pipeline stage
-        packed = torch.cat([self.counts.flatten(), losses.flatten() / max(self.micro_batches, 1)])
+        packed = torch.cat([self.counts.flatten(), losses.flatten() / max(micro_batches, 1)])
         holders = torch.zeros(self.layers, dtype=torch.float64)
         holders[[r.layer_number - 1 for r in self.routers]] = 1.0
         packed = torch.cat([packed, holders])
@@ -136,7 +139,6 @@ class RouterHealth:
         losses = packed[cut : cut + losses.numel()].view(len(AUX_LOSSES), self.layers)
         holders = packed[cut + losses.numel() :]
         self.counts.zero_()
-        self.micro_batches = 0
         moe_layers = [i for i in range(self.layers) if holders[i] > 0]
         loads = [
             LayerLoad(i + 1, counts[i, :-1].tolist(), float(counts[i, -1])) for i in moe_layers
@@ -152,11 +154,20 @@ class RouterHealth:
             assigned = sum(load.assigned for load in loads)
             kept = sum(sum(load.tokens) for load in loads)
             record["moe/dropped"] = 1 - kept / assigned if assigned else 0.0
-            # each layer's share of assignments per expert (the report plots them)
-            record["moe_load"] = {
-                str(load.layer): [t / max(sum(load.tokens), 1) for t in load.tokens]
+            # per layer, for status and the report (its plot: each expert's share over steps)
+            record["moe_layers"] = {
+                str(load.layer): {
+                    "max_over_mean": load.max_over_mean,
+                    "idle_experts": load.idle_experts,
+                    "dropped": load.dropped,
+                    "share": [t / max(sum(load.tokens), 1) for t in load.tokens],
+                }
                 for load in loads
             }
+            problems = {str(load.layer): collapse(load, self.top_k) for load in loads}
+            collapsed = {layer: p for layer, p in problems.items() if p}
+            if collapsed:
+                record["moe_collapse"] = collapsed
         return record, loads
 
 

@@ -29,6 +29,7 @@ from pipeline.training import checkpoint, checkpoint_records
 from pipeline.training.engine import Engine
 from pipeline.training.hooks import step_hooks
 from pipeline.training.metrics import MetricsLog, Throughput, console_line
+from pipeline.training.router_health import RouterHealth, warning_line
 from pipeline.training.saver import CheckpointSaver
 from pipeline.training.schedule import lr_scheduler
 from pipeline.training.signals import StopRequest
@@ -101,6 +102,7 @@ class Trainer(Engine):
             cfg.resilience.max_failed_saves,
         )
         self.throughput = self._throughput()
+        self.router_health = RouterHealth.of(self.chunks, cfg)  # MoE models
         self.state = RunState()
         self._clock = time.time()  # this attempt's wall time is added to the state from here
 
@@ -279,6 +281,17 @@ class Trainer(Engine):
             record["attempts"].append({"from_step": self.state.step, "ranks": ranks})
             files.write_json(self.paths.ranks, record)
 
+    def _router_interval(self, steps: int) -> dict:
+        """MoE router health and auxiliary losses over the last `steps` steps ({}: dense)."""
+        if self.router_health is None:
+            return {}
+        record, _ = self.router_health.interval(steps * self.cfg.train.grad_accum)
+        return record
+
+    def _warn_of_collapse(self, record: dict) -> None:
+        for layer, problem in record.get("moe_collapse", {}).items():
+            _log.warning(warning_line(record["step"], int(layer), problem, self.cfg.model))
+
     def _throughput(self) -> Throughput:
         cfg, t = self.cfg, self.cfg.train
         per_sequence = flops.flops_per_sequence(cfg.model, self.vocab_size, self.settled.tensor)
@@ -351,9 +364,11 @@ class Trainer(Engine):
                     "skipped_steps": st.skipped_steps,
                     **self.throughput.over(window_steps, window_seconds),
                     **hooks.interval(st.step, window_seconds),
+                    **self._router_interval(window_steps),
                 }
                 self.metrics.record(record)
                 _log.info(console_line(record, t.steps))
+                self._warn_of_collapse(record)
                 window_seconds, window_steps = 0.0, 0
             due_save = t.save_interval > 0 and (
                 st.step % t.save_interval == 0 or st.step == t.steps
