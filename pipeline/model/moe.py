@@ -12,6 +12,7 @@ import torch
 
 from pipeline.config import ModelConfig, PipelineConfig
 from pipeline.model.sizes import ffn_hidden_size
+from pipeline.runtime import distributed
 
 # DeepSeek-V3's bias step for aux-loss-free balancing (megatron-core's default too)
 EXPERT_BIAS_UPDATE_RATE = 1e-3
@@ -106,3 +107,32 @@ def layer_specs(cfg: PipelineConfig, config: Any, dense: Any, expert: Any, vp_st
     offset = get_transformer_layer_offset(config, vp_stage, rank)
     pattern = moe_layer_pattern(cfg.model)
     return [expert if pattern[offset + i] else dense for i in range(count)]
+
+
+def parameter_counts(chunks: list[torch.nn.Module], m: ModelConfig) -> tuple[int, int]:
+    """(total, active) parameters of the whole model, counted from the built chunks of every
+    rank (a collective: every rank calls it). Active: what one token passes through, each MoE
+    layer's routed experts counted at top_k/experts; the router, a shared expert and
+    everything else whole."""
+    from megatron.core import parallel_state as ps
+    from megatron.core.tensor_parallel import param_is_not_tensor_parallel_duplicate
+
+    dense = experts = 0
+    for chunk in chunks:
+        for name, p in chunk.named_parameters():
+            if ".mlp.experts." in name:  # routed experts (a shared expert is mlp.shared_experts)
+                experts += p.numel()  # every expert-tensor shard; copies divided out below
+            elif param_is_not_tensor_parallel_duplicate(p):
+                dense += p.numel()
+    counts = distributed.sum_over_job(torch.tensor([dense, experts], dtype=torch.float64))
+    if torch.distributed.is_initialized():
+        # each dense weight is held by every data- (and context-) parallel rank, each expert
+        # shard by every rank of its expert-data-parallel group
+        copies = [
+            ps.get_data_parallel_world_size(with_context_parallel=True),
+            ps.get_expert_data_parallel_world_size(),
+        ]
+        counts = counts / torch.tensor(copies, dtype=torch.float64)
+    dense, experts = (round(float(x)) for x in counts)
+    share = m.moe.top_k / m.moe.experts if is_moe(m) else 1.0
+    return dense + experts, dense + round(experts * share)

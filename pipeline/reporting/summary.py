@@ -17,6 +17,8 @@ SUMMARY_FROM_TRAIN = (
     "last_train_loss",
     "best_val_loss",
     "tokens_per_s",
+    "parameters",
+    "active_parameters",
     "best_checkpoint",
     "skipped_steps",
     "wall_seconds",

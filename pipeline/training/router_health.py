@@ -19,6 +19,7 @@ import torch
 from pipeline.config import ModelConfig, PipelineConfig
 from pipeline.config.derived import sequence_parallel, settled
 from pipeline.model import moe
+from pipeline.runtime import distributed
 
 COLLAPSE_RATIO = 4.0
 # megatron-core's names in its layer-wise tracker, and ours in the metrics
@@ -132,8 +133,7 @@ class RouterHealth:
         holders = torch.zeros(self.layers, dtype=torch.float64)
         holders[[r.layer_number - 1 for r in self.routers]] = 1.0
         packed = torch.cat([packed, holders])
-        if torch.distributed.is_initialized():
-            packed = _all_reduce(packed)
+        packed = distributed.sum_over_job(packed)
         cut = self.counts.numel()
         counts = packed[:cut].view(self.layers, -1) / self.copies
         losses = packed[cut : cut + losses.numel()].view(len(AUX_LOSSES), self.layers)
@@ -169,12 +169,3 @@ class RouterHealth:
             if collapsed:
                 record["moe_collapse"] = collapsed
         return record, loads
-
-
-def _all_reduce(values: torch.Tensor) -> torch.Tensor:
-    """Summed over the job, on the device the collectives run on (NCCL: CUDA)."""
-    backend = torch.distributed.get_backend()
-    device = torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else "cpu"
-    on_device = values.to(device)
-    torch.distributed.all_reduce(on_device)
-    return on_device.cpu()

@@ -20,7 +20,7 @@ from pipeline.core.errors import NonFinite
 from pipeline.core.paths import RunPaths
 from pipeline.core.steps import Interrupted
 from pipeline.data import datasets, evalsets, sources
-from pipeline.model import flops
+from pipeline.model import flops, moe
 from pipeline.reporting.report import write_report
 from pipeline.resilience import progress
 from pipeline.runtime import placement
@@ -53,6 +53,8 @@ class TrainRecord(TypedDict):
     best_val_loss: float | None
     skipped_steps: int
     tokens_per_s: float
+    parameters: int  # of the whole model, counted from it
+    active_parameters: int  # what one token passes through (MoE: top_k experts per layer)
     best_checkpoint: str | None
     wall_seconds: float
     gpus: int
@@ -103,6 +105,7 @@ class Trainer(Engine):
         )
         self.throughput = self._throughput()
         self.router_health = RouterHealth.of(self.chunks, cfg)  # MoE models
+        self.parameters, self.active_parameters = moe.parameter_counts(self.chunks, cfg.model)
         self.state = RunState()
         self._clock = time.time()  # this attempt's wall time is added to the state from here
 
@@ -273,6 +276,11 @@ class Trainer(Engine):
         log.get("train").info(f"{placement.describe(ranks)}")
         kernels = self.backend.kernels(self.cfg)
         log.get("train").info(f"kernels: {kernels}")
+        if moe.is_moe(self.cfg.model):  # FLOPs, TFLOP/s and MFU count the active ones
+            log.get("train").info(
+                f"parameters: {self.parameters:,}, {self.active_parameters:,} active per token "
+                "(TFLOP/s and MFU count the active ones)"
+            )
         self.metrics.record({"step": self.state.step, "kernels": kernels})
         if self.cfg.train.auto_choice:
             log.get("train").info(f"{self.cfg.train.auto_choice}")
@@ -441,6 +449,8 @@ class Trainer(Engine):
             * t.global_batch_size
             * m.seq_length
             / max(st.train_seconds, 1e-9),
+            "parameters": self.parameters,
+            "active_parameters": self.active_parameters,
             "best_checkpoint": str(best) if best else None,
             "wall_seconds": st.wall_seconds,
             "gpus": gpus,
