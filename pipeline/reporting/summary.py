@@ -70,6 +70,18 @@ def read_stragglers(paths: RunPaths) -> list[dict]:
     return [{"step": r["step"], **s} for r in records for s in r.get("stragglers", [])]
 
 
+def read_router_health(paths: RunPaths) -> dict | None:
+    """A mixture of experts' last router-health record (train/metrics.jsonl); None: none yet,
+    or a dense model."""
+    if not paths.metrics.exists():
+        return None
+    last = None
+    for line in paths.metrics.read_text().splitlines():
+        if '"moe_layers"' in line:
+            last = line
+    return json.loads(last) if last else None
+
+
 def current_evaluation(paths: RunPaths) -> dict:
     """eval/DONE.json if it evaluated the training train/DONE.json records, else {}: after a
     training went on, its earlier evaluation describes another model."""
