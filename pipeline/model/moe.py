@@ -6,13 +6,14 @@ on the CPU, alltoall with Transformer Engine's grouped GEMM and fused kernels on
 
 from __future__ import annotations
 
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from pipeline.config import ModelConfig, PipelineConfig
 from pipeline.model.sizes import ffn_hidden_size
 from pipeline.runtime import distributed
+
+if TYPE_CHECKING:
+    import torch
 
 # DeepSeek-V3's bias step for aux-loss-free balancing (megatron-core's default too)
 EXPERT_BIAS_UPDATE_RATE = 1e-3
@@ -80,6 +81,7 @@ def update_expert_bias(chunks: list[torch.nn.Module]) -> None:
     """Aux-loss-free balancing after a step's backward passes, as megatron-core's
     finalize_model_grads does it for its own optimizer: each expert's bias moves against its
     load over the whole job, and the counts start again."""
+    import torch
     from megatron.core.transformer.moe.moe_utils import get_updated_expert_bias
 
     biased = [r for r in routers(chunks) if r.expert_bias is not None]
@@ -114,6 +116,7 @@ def parameter_counts(chunks: list[torch.nn.Module], m: ModelConfig) -> tuple[int
     rank (a collective: every rank calls it). Active: what one token passes through, each MoE
     layer's routed experts counted at top_k/experts; the router, a shared expert and
     everything else whole."""
+    import torch
     from megatron.core import parallel_state as ps
     from megatron.core.tensor_parallel import param_is_not_tensor_parallel_duplicate
 

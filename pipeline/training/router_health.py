@@ -13,13 +13,15 @@ naming the layer; status and the report show it.
 from __future__ import annotations
 
 from dataclasses import dataclass
-
-import torch
+from typing import TYPE_CHECKING
 
 from pipeline.config import ModelConfig, PipelineConfig
 from pipeline.config.derived import sequence_parallel, settled
 from pipeline.model import moe
 from pipeline.runtime import distributed
+
+if TYPE_CHECKING:
+    import torch
 
 COLLAPSE_RATIO = 4.0
 # megatron-core's names in its layer-wise tracker, and ours in the metrics
@@ -86,6 +88,8 @@ class RouterHealth:
     passes (forward hooks), and sums them over the job at each log interval."""
 
     def __init__(self, chunks: list[torch.nn.Module], cfg: PipelineConfig) -> None:
+        import torch
+
         self.cfg = cfg
         self.routers = moe.routers(chunks)
         m = cfg.model
@@ -102,6 +106,8 @@ class RouterHealth:
         return cls(chunks, cfg) if moe.is_moe(cfg.model) else None
 
     def _count(self, router: torch.nn.Module, inputs, output) -> None:
+        import torch
+
         # training passes only; under full recompute the forward without gradients is not
         # counted and its recomputation is: each micro-batch once
         if not (router.training and torch.is_grad_enabled()):
@@ -115,6 +121,7 @@ class RouterHealth:
         """The metrics of the interval since the last call, in which each rank ran
         `micro_batches` training forward passes (every rank calls it: it all-reduces), and each
         MoE layer's load."""
+        import torch
         from megatron.core.transformer.moe.moe_utils import (
             clear_aux_losses_tracker,
             get_moe_layer_wise_logging_tracker,
