@@ -102,9 +102,26 @@ def _seeded_layer_class():
             pipeline_rank = parallel_state.get_pipeline_model_parallel_rank()
             offset = get_transformer_layer_offset(config, kw.get("vp_stage"), pipeline_rank)
             torch.manual_seed(seed * 100_003 + offset + layer_number)
-            super().__init__(config, submodules, layer_number, *args, **kw)
+            with _cuda_on_cpu():  # a MoE router's counters are made "on the current device"
+                super().__init__(config, submodules, layer_number, *args, **kw)
+
+        def forward(self, *args, **kwargs):
+            if not self.is_moe_layer:
+                return super().forward(*args, **kwargs)
+            # megatron-core's router moves its weight to the current CUDA device, and its
+            # dispatcher makes tensors there: on the CPU in every forward (evaluation and
+            # generation too, which run outside the training schedule's context)
+            with _cuda_on_cpu():
+                return super().forward(*args, **kwargs)
 
     return SeededTransformerLayer
+
+
+def _cuda_on_cpu() -> contextlib.AbstractContextManager:
+    stack = contextlib.ExitStack()
+    stack.enter_context(cuda_allocations_on_cpu())
+    stack.enter_context(cuda_calls_on_cpu())
+    return stack
 
 
 def _seeded_experts_class():
@@ -345,10 +362,7 @@ class CpuBackend:
         return DataParallelAdamW(chunks, cfg.train)
 
     def schedule_context(self) -> contextlib.AbstractContextManager:
-        stack = contextlib.ExitStack()
-        stack.enter_context(cuda_allocations_on_cpu())
-        stack.enter_context(cuda_calls_on_cpu())  # pipeline stages send and receive over gloo
-        return stack
+        return _cuda_on_cpu()  # pipeline stages send and receive over gloo
 
     def _sharded_state(self, chunks, optimizer, loading: bool) -> dict:
         state = dist_checkpoint.model_state(chunks)
