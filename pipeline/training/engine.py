@@ -120,6 +120,7 @@ class Engine:
             "virtual_pipeline": self.cfg.parallel.virtual_pipeline,
             "account_for_embedding": self.cfg.parallel.account_for_embedding,
             "account_for_loss": self.cfg.parallel.account_for_loss,
+            "expert": self.cfg.parallel.expert,
             "padded_vocab_size": self.padded_vocab_size,
             "precision": self.cfg.train.precision,
             "backend": self.backend.name,
