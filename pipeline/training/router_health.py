@@ -94,7 +94,11 @@ class RouterHealth:
         self.routers = moe.routers(chunks)
         m = cfg.model
         self.layers, self.experts, self.top_k = m.num_layers, m.moe.experts, m.moe.top_k
-        self.counts = torch.zeros(self.layers, self.experts + 1, dtype=torch.float64)
+        # on the device the routers run on, moved at log intervals alone: never a GPU sync
+        # in the forward pass
+        device = next((p.device for r in self.routers for p in r.parameters()), None)
+        shape = (self.layers, self.experts + 1)
+        self.counts = torch.zeros(shape, dtype=torch.float64, device=device or "cpu")
         for router in self.routers:
             router.register_forward_hook(self._count)
         # tensor-parallel ranks without sequence parallelism route the same tokens
@@ -114,7 +118,7 @@ class RouterHealth:
             return
         _, routing_map = output
         row = self.counts[router.layer_number - 1]
-        row[:-1] += routing_map.sum(dim=0).to("cpu", torch.float64)
+        row[:-1] += routing_map.sum(dim=0).to(row.device, row.dtype)
         row[-1] += routing_map.shape[0] * self.top_k
 
     def interval(self, micro_batches: int) -> tuple[dict, list[LayerLoad]]:
@@ -136,12 +140,13 @@ class RouterHealth:
         # one all-reduce of everything: counts sum over the ranks routing different tokens;
         # the losses (each rank's mean over its micro-batches) average over the ranks holding
         # the layer, every rank of its pipeline stage
-        packed = torch.cat([self.counts.flatten(), losses.flatten() / max(micro_batches, 1)])
+        counts = self.counts.to("cpu", torch.float64)
+        packed = torch.cat([counts.flatten(), losses.flatten() / max(micro_batches, 1)])
         holders = torch.zeros(self.layers, dtype=torch.float64)
         holders[[r.layer_number - 1 for r in self.routers]] = 1.0
         packed = torch.cat([packed, holders])
         packed = distributed.sum_over_job(packed)
-        cut = self.counts.numel()
+        cut = counts.numel()
         counts = packed[:cut].view(self.layers, -1) / self.copies
         losses = packed[cut : cut + losses.numel()].view(len(AUX_LOSSES), self.layers)
         holders = packed[cut + losses.numel() :]
