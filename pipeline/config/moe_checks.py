@@ -1,9 +1,8 @@
-"""The checks of a mixture of experts (model.moe.*, parallel.expert*): keys that cannot take
-effect together, each refused in one line naming the key before anything runs."""
+"""The checks of a mixture of experts (the MoE keys of the model and parallel sections): keys
+that cannot take effect together, each refused in one line naming the key before anything
+runs."""
 
 from __future__ import annotations
-
-import dataclasses
 
 from pipeline.config import derived
 from pipeline.config.schema import AUTO, MoeConfig, PipelineConfig
@@ -67,12 +66,26 @@ def check_moe(cfg: PipelineConfig) -> None:
     )
 
 
+# what only a mixture of experts reads
+MOE_ONLY = (
+    "model.moe.top_k",
+    "model.moe.ffn_hidden_size",
+    "model.moe.shared_expert_ffn_hidden_size",
+    "model.moe.router",
+    "model.moe.aux_loss_coeff",
+    "model.moe.z_loss_coeff",
+    "model.moe.capacity_factor",
+    "model.moe.first_dense_layers",
+)
+
+
 def _check_dense(cfg: PipelineConfig) -> None:
     """A dense model (model.moe.experts=0) reads no other MoE key: one given is a mistake."""
-    for field in dataclasses.fields(MoeConfig):
-        if field.name != "experts" and getattr(cfg.model.moe, field.name) != _default(field.name):
+    for key in MOE_ONLY:
+        name = key.rsplit(".", 1)[1]
+        if getattr(cfg.model.moe, name) != _default(name):
             raise ConfigError(
-                f"model.moe.{field.name}: set, but model.moe.experts=0 (a dense model); set "
+                f"{key}: set, but model.moe.experts=0 (a dense model); set "
                 "model.moe.experts to build a mixture of experts"
             )
     p = cfg.parallel

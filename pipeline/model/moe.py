@@ -1,4 +1,4 @@
-"""Mixture of experts (model.moe): megatron-core 0.16.1's MoE layer as the config asks for it.
+"""Mixture of experts (model.moe.experts > 0): megatron-core 0.16.1's MoE layer as the config asks for it.
 
 Every backend shares these fields; the backend adds how tokens travel (the allgather dispatcher
 on the CPU, alltoall with Transformer Engine's grouped GEMM and fused kernels on GPUs).
@@ -97,7 +97,7 @@ def update_expert_bias(chunks: list[torch.nn.Module]) -> None:
 
 def layer_specs(cfg: PipelineConfig, config: Any, dense: Any, expert: Any, vp_stage: int | None):
     """The layer specs of the layers this pipeline stage builds: `expert` (a MoE layer) where
-    model.moe puts one, `dense` elsewhere."""
+    model.moe.first_dense_layers leaves one, `dense` elsewhere."""
     from megatron.core import parallel_state
     from megatron.core.transformer.transformer_block import get_num_layers_to_build
     from megatron.core.transformer.transformer_layer import get_transformer_layer_offset
