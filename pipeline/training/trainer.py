@@ -206,13 +206,18 @@ class Trainer(Engine):
     def _staged_bytes(self) -> int:
         """What this rank's share of a save copies to host memory: its weights, and in mixed
         precision the optimizer's fp32 main weights and two moments (12 bytes a weight; 8 in
-        fp32), each written by one of the data-parallel ranks that hold it. A little more, so
-        that no tensor falls outside."""
-        weights = [p for chunk in self.chunks for p in chunk.parameters()]
-        numel = sum(p.numel() for p in weights)
-        weight_bytes = sum(p.numel() * p.element_size() for p in weights)
-        optimizer_bytes = numel * (8 if self.cfg.train.precision == "fp32" else 12)
-        return int((weight_bytes + optimizer_bytes) / self.dp_size * 1.02) + (64 << 20)
+        fp32), each written by one of the data-parallel ranks that hold it (an expert: one of
+        the expert-data-parallel ranks). A little more, so that no tensor falls outside."""
+        from megatron.core import parallel_state
+
+        holders = {False: self.dp_size, True: parallel_state.get_expert_data_parallel_world_size()}
+        per_weight = 8 if self.cfg.train.precision == "fp32" else 12  # optimizer bytes
+        share = sum(
+            p.numel() * (p.element_size() + per_weight) / holders[".mlp.experts." in name]
+            for chunk in self.chunks
+            for name, p in chunk.named_parameters()
+        )
+        return int(share * 1.02) + (64 << 20)
 
     def _check_resumable_layout(self, folder) -> None:
         """Refused before submission too (planning.preflight); here for a step called directly."""
