@@ -305,7 +305,8 @@ class CpuBackend:
     device = torch.device("cpu")
 
     def kernels(self, cfg: PipelineConfig) -> str:
-        return "megatron-core's local layers on the CPU"
+        experts = "; experts: allgather dispatch, one MLP each" if moe.is_moe(cfg.model) else ""
+        return "megatron-core's local layers on the CPU" + experts
 
     def transformer_options(self, cfg: PipelineConfig) -> dict[str, Any]:
         if cfg.train.precision != "fp32":
