@@ -1,4 +1,5 @@
-"""Mixture of experts (model.moe.experts > 0): megatron-core 0.16.1's MoE layer as the config asks for it.
+"""Mixture of experts (model.moe.experts > 0): megatron-core 0.16.1's MoE layer as the config
+asks for it.
 
 Every backend shares these fields; the backend adds how tokens travel (the allgather dispatcher
 on the CPU, alltoall with Transformer Engine's grouped GEMM and fused kernels on GPUs).
@@ -36,7 +37,7 @@ def transformer_options(cfg: PipelineConfig) -> dict[str, Any]:
         return {}
     moe = m.moe
     aux_loss_free = moe.router == "aux_loss_free"
-    options: dict[str, Any] = dict(
+    return dict(
         num_moe_experts=moe.experts,
         moe_router_topk=moe.top_k,
         moe_ffn_hidden_size=moe.ffn_hidden_size or ffn_hidden_size(m),
@@ -58,7 +59,6 @@ def transformer_options(cfg: PipelineConfig) -> dict[str, Any]:
         expert_model_parallel_size=p.expert,
         expert_tensor_parallel_size=p.expert_tensor,
     )
-    return options
 
 
 def use_torch_router_gemm() -> None:
