@@ -16,6 +16,7 @@ from typing import Any
 
 from pipeline.config import derived, inputs, keys
 from pipeline.config.keys import value_at
+from pipeline.config.moe_checks import check_moe
 from pipeline.config.schema import AUTO, PipelineConfig
 from pipeline.config.split_weights import Split
 from pipeline.core.errors import ConfigError
@@ -51,6 +52,7 @@ def check_across_keys(cfg: PipelineConfig) -> None:
     # one is blamed, not train.global_batch_size
     _check_cluster(cfg)
     _check_parallel(cfg)
+    check_moe(cfg)
     _check_batch(cfg)
     _check_train(cfg)
     _check_eval(cfg)

@@ -37,7 +37,13 @@ def single_device(cfg: PipelineConfig) -> PipelineConfig:
     """The run's config for the evaluation job: one process on one GPU, or on the CPU, whatever
     layout trained the checkpoint (dist_checkpoint reshards the weights as they load)."""
     parallel = dataclasses.replace(
-        cfg.parallel, tensor=1, pipeline=1, virtual_pipeline=None, sequence_parallel=False
+        cfg.parallel,
+        tensor=1,
+        pipeline=1,
+        virtual_pipeline=None,
+        sequence_parallel=False,
+        expert=1,
+        expert_tensor=None,
     )
     train = dataclasses.replace(cfg.train, recompute="none")  # nothing kept for a backward pass
     if resolve_device(cfg.train.device) == "cpu":

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 
 from pipeline.config import PipelineConfig
 from pipeline.config.derived import settled
+from pipeline.model import moe
 from pipeline.model.sizes import ffn_hidden_size, padded_vocab, params_dtype
 from pipeline.model.stages import PipelineSplit
 from pipeline.model.vocab_padding import mask_padding
@@ -72,6 +73,7 @@ def transformer_config(cfg: PipelineConfig, backend: Backend) -> TransformerConf
         overlap_p2p_comm=bool(p.virtual_pipeline),
         batch_p2p_comm=not p.virtual_pipeline,
         **recompute,
+        **moe.transformer_options(cfg),
         **backend.transformer_options(cfg),
     )
 

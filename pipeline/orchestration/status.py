@@ -13,7 +13,7 @@ from pipeline.core import files, lock
 from pipeline.core.paths import RunPaths
 from pipeline.orchestration import graph, reruns
 from pipeline.orchestration.slurm_queue import FAILED, latest_submission, slurm_states
-from pipeline.reporting.summary import read_failures, read_stragglers
+from pipeline.reporting.summary import read_failures, read_router_health, read_stragglers
 from pipeline.resilience import progress
 from pipeline.runtime import placement
 from pipeline.training import leases
@@ -52,7 +52,9 @@ def describe(cfg: PipelineConfig) -> list[tuple[str, str, str]]:
         if live and not ids:  # run by that launcher: the first step it has not completed
             if running is None:
                 running = step.name
-                at = _training_step(cfg, _since(live)) if step.name == "train" else ""
+                at = ""
+                if step.name == "train":
+                    at = _training_step(cfg, _since(live)) + _router(paths)
                 rows.append((step.name, "RUNNING", _launcher(live) + at))
             else:
                 rows.append((step.name, "PENDING", f"runs after {running} in that launcher"))
@@ -162,11 +164,27 @@ def _where_training_runs(paths: RunPaths) -> str:
     return f"; {placement.describe(attempt['ranks'])}, from step {attempt['from_step']}"
 
 
+def _router(paths: RunPaths) -> str:
+    """'; router at step 20: busiest expert 1.67x mean, 0 idle, 0.0% dropped; COLLAPSED layer
+    3: ...' for a mixture of experts (train/metrics.jsonl); '' for a dense model."""
+    r = read_router_health(paths)
+    if r is None:
+        return ""
+    line = (
+        f"; router at step {r['step']}: busiest expert {r['moe/max_over_mean']:.2f}x mean, "
+        f"{r['moe/idle_experts']} idle, {100 * r['moe/dropped']:.1f}% dropped"
+    )
+    collapsed = r.get("moe_collapse", {})
+    return line + "".join(f"; COLLAPSED layer {k}: {v}" for k, v in sorted(collapsed.items()))
+
+
 def _faults(paths: RunPaths) -> str:
     """'; 1 fault(s), 23 s lost; last: hang of rank 1 on n2 at step 16, requeued without n2;
-    stragglers: rank 3 on n2' (train/failures.jsonl, train/metrics.jsonl)."""
+    stragglers: rank 3 on n2' (train/failures.jsonl, train/metrics.jsonl), and a mixture of
+    experts' router health."""
     slow = {f"rank {s['rank']} on {s['node']}" for s in read_stragglers(paths)}
     named = f"; stragglers: {', '.join(sorted(slow))}" if slow else ""
+    named += _router(paths)
     faults = read_failures(paths)
     if not faults:
         return named

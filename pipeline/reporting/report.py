@@ -12,6 +12,7 @@ from pipeline.core.paths import RunPaths
 from pipeline.reporting.downstream_section import downstream_blocks
 from pipeline.reporting.plan_section import plan_blocks
 from pipeline.reporting.plots import loss_series, plot_checkpoints, plot_losses, plot_throughput
+from pipeline.reporting.router_section import router_blocks
 from pipeline.reporting.summary import (
     SUMMARY_FROM_EVAL,
     SUMMARY_FROM_TRAIN,
@@ -367,6 +368,7 @@ def report_blocks(paths: RunPaths, evaluation: dict) -> list[tuple]:
         *_data_section(manifest, weights),
         *plan_blocks(files.read_json_or_none(paths.plan)),
         *_training_section(paths, summary, metrics),
+        *router_blocks(paths, metrics),
         *_faults_section(paths),
         *_stragglers_section(paths),
         *_results_section(paths, evaluation),

@@ -17,6 +17,8 @@ SUMMARY_FROM_TRAIN = (
     "last_train_loss",
     "best_val_loss",
     "tokens_per_s",
+    "parameters",
+    "active_parameters",
     "best_checkpoint",
     "skipped_steps",
     "wall_seconds",
@@ -66,6 +68,18 @@ def read_stragglers(paths: RunPaths) -> list[dict]:
         return []
     records = [json.loads(line) for line in paths.metrics.read_text().splitlines() if line]
     return [{"step": r["step"], **s} for r in records for s in r.get("stragglers", [])]
+
+
+def read_router_health(paths: RunPaths) -> dict | None:
+    """A mixture of experts' last router-health record (train/metrics.jsonl); None: none yet,
+    or a dense model."""
+    if not paths.metrics.exists():
+        return None
+    last = None
+    for line in paths.metrics.read_text().splitlines():
+        if '"moe_layers"' in line:
+            last = line
+    return json.loads(last) if last else None
 
 
 def current_evaluation(paths: RunPaths) -> dict:

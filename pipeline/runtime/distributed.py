@@ -110,6 +110,20 @@ def any_rank(flag: bool, device=None) -> bool:
     return bool(agreed.item())
 
 
+def sum_over_job(values):
+    """`values` (a CPU tensor) summed over every rank of the job, on the device the default
+    group's collectives take (NCCL: this rank's GPU); back on the CPU."""
+    import torch
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        return values
+    nccl = dist.get_backend() == "nccl"
+    on_device = values.to(torch.device("cuda", torch.cuda.current_device()) if nccl else "cpu")
+    dist.all_reduce(on_device)
+    return on_device.cpu()
+
+
 def shutdown() -> None:
     import torch.distributed as dist
 

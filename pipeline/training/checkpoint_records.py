@@ -55,6 +55,9 @@ def layout_problem(saved: dict | None, current: dict) -> tuple[str, str] | None:
         return None
     was = ", ".join(f"parallel.{k}={layout[k]}" for k in LAYOUT_KEYS)
     was += "".join(f", parallel.{k}=true" for k in SPLIT_KEYS if layout.get(k))
+    saved_experts = layout.get("expert", 1)  # expert parallelism; 1 before MoE models
+    if saved_experts != 1:
+        was += f", parallel.expert={saved_experts}"
     backend, padded_vocab_size = current["backend"], current["padded_vocab_size"]
     if layout.get("backend") != backend:
         return "train.device", (
@@ -71,6 +74,8 @@ def layout_problem(saved: dict | None, current: dict) -> tuple[str, str] | None:
         )
     changed = [k for k in LAYOUT_KEYS if layout[k] != current[k]]
     changed += [k for k in SPLIT_KEYS if layout.get(k, False) != current.get(k, False)]
+    if saved_experts != current.get("expert", saved_experts):  # experts are sharded by it
+        changed.append("expert")
     if layout.get("optimizer_sharding") == "dp_reshardable" and changed:
         return f"parallel.{changed[0]}", (
             f"the checkpoint to resume holds the distributed optimizer's shards as saved under "

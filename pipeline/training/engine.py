@@ -57,6 +57,8 @@ class Engine:
                 s.tensor,
                 s.pipeline,
                 virtual_pipeline_model_parallel_size=cfg.parallel.virtual_pipeline,
+                expert_model_parallel_size=cfg.parallel.expert,
+                expert_tensor_parallel_size=cfg.parallel.expert_tensor,
             )
         torch.manual_seed(cfg.train.seed)
         if self.device.type == "cuda":
@@ -118,6 +120,7 @@ class Engine:
             "virtual_pipeline": self.cfg.parallel.virtual_pipeline,
             "account_for_embedding": self.cfg.parallel.account_for_embedding,
             "account_for_loss": self.cfg.parallel.account_for_loss,
+            "expert": self.cfg.parallel.expert,
             "padded_vocab_size": self.padded_vocab_size,
             "precision": self.cfg.train.precision,
             "backend": self.backend.name,

@@ -113,6 +113,13 @@ def console_line(r: dict, total_steps: int) -> str:
         f"{r['tokens_per_s']:,.0f} tok/s",
         f"{r['tflops_per_gpu']:.2f} TFLOP/s/GPU",
     ]
+    if "moe/max_over_mean" in r:  # router health of a mixture of experts
+        parts.append(
+            f"experts max/mean {r['moe/max_over_mean']:.2f}, {r['moe/idle_experts']} idle, "
+            f"{100 * r['moe/dropped']:.1f}% dropped"
+        )
+    if "moe/aux_loss" in r:
+        parts.append(f"aux {r['moe/aux_loss']:.3f}")
     if "mfu" in r:
         parts.append(f"MFU {100 * r['mfu']:.1f}%")
     if "peak_mem_gib" in r:

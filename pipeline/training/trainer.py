@@ -20,7 +20,7 @@ from pipeline.core.errors import NonFinite
 from pipeline.core.paths import RunPaths
 from pipeline.core.steps import Interrupted
 from pipeline.data import datasets, evalsets, sources
-from pipeline.model import flops
+from pipeline.model import flops, moe
 from pipeline.reporting.report import write_report
 from pipeline.resilience import progress
 from pipeline.runtime import placement
@@ -29,6 +29,7 @@ from pipeline.training import checkpoint, checkpoint_records
 from pipeline.training.engine import Engine
 from pipeline.training.hooks import step_hooks
 from pipeline.training.metrics import MetricsLog, Throughput, console_line
+from pipeline.training.router_health import RouterHealth, warning_line
 from pipeline.training.saver import CheckpointSaver
 from pipeline.training.schedule import lr_scheduler
 from pipeline.training.scoring_jobs import ScoringJobs
@@ -53,6 +54,8 @@ class TrainRecord(TypedDict):
     best_val_loss: float | None
     skipped_steps: int
     tokens_per_s: float
+    parameters: int  # of the whole model, counted from it
+    active_parameters: int  # what one token passes through (MoE: top_k experts per layer)
     best_checkpoint: str | None
     wall_seconds: float
     gpus: int
@@ -103,6 +106,8 @@ class Trainer(Engine):
         )
         self.scoring = ScoringJobs(cfg, starts=self.rank.is_first)
         self.throughput = self._throughput()
+        self.router_health = RouterHealth.of(self.chunks, cfg)  # MoE models
+        self.parameters, self.active_parameters = moe.parameter_counts(self.chunks, cfg.model)
         self.state = RunState()
         self._clock = time.time()  # this attempt's wall time is added to the state from here
 
@@ -203,13 +208,18 @@ class Trainer(Engine):
     def _staged_bytes(self) -> int:
         """What this rank's share of a save copies to host memory: its weights, and in mixed
         precision the optimizer's fp32 main weights and two moments (12 bytes a weight; 8 in
-        fp32), each written by one of the data-parallel ranks that hold it. A little more, so
-        that no tensor falls outside."""
-        weights = [p for chunk in self.chunks for p in chunk.parameters()]
-        numel = sum(p.numel() for p in weights)
-        weight_bytes = sum(p.numel() * p.element_size() for p in weights)
-        optimizer_bytes = numel * (8 if self.cfg.train.precision == "fp32" else 12)
-        return int((weight_bytes + optimizer_bytes) / self.dp_size * 1.02) + (64 << 20)
+        fp32), each written by one of the data-parallel ranks that hold it (an expert: one of
+        the expert-data-parallel ranks). A little more, so that no tensor falls outside."""
+        from megatron.core import parallel_state
+
+        holders = {False: self.dp_size, True: parallel_state.get_expert_data_parallel_world_size()}
+        per_weight = 8 if self.cfg.train.precision == "fp32" else 12  # optimizer bytes
+        share = sum(
+            p.numel() * (p.element_size() + per_weight) / holders[".mlp.experts." in name]
+            for chunk in self.chunks
+            for name, p in chunk.named_parameters()
+        )
+        return int(share * 1.02) + (64 << 20)
 
     def _check_resumable_layout(self, folder) -> None:
         """Refused before submission too (planning.preflight); here for a step called directly."""
@@ -274,6 +284,11 @@ class Trainer(Engine):
         log.get("train").info(f"{placement.describe(ranks)}")
         kernels = self.backend.kernels(self.cfg)
         log.get("train").info(f"kernels: {kernels}")
+        if moe.is_moe(self.cfg.model):  # FLOPs, TFLOP/s and MFU count the active ones
+            log.get("train").info(
+                f"parameters: {self.parameters:,}, {self.active_parameters:,} active per token "
+                "(TFLOP/s and MFU count the active ones)"
+            )
         self.metrics.record({"step": self.state.step, "kernels": kernels})
         if self.cfg.train.auto_choice:
             log.get("train").info(f"{self.cfg.train.auto_choice}")
@@ -281,6 +296,17 @@ class Trainer(Engine):
             record = files.read_json_or_none(self.paths.ranks) or {"attempts": []}
             record["attempts"].append({"from_step": self.state.step, "ranks": ranks})
             files.write_json(self.paths.ranks, record)
+
+    def _router_interval(self, steps: int) -> dict:
+        """MoE router health and auxiliary losses over the last `steps` steps ({}: dense)."""
+        if self.router_health is None:
+            return {}
+        record, _ = self.router_health.interval(steps * self.cfg.train.grad_accum)
+        return record
+
+    def _warn_of_collapse(self, record: dict) -> None:
+        for layer, problem in record.get("moe_collapse", {}).items():
+            _log.warning(warning_line(record["step"], int(layer), problem, self.cfg.model))
 
     def _throughput(self) -> Throughput:
         cfg, t = self.cfg, self.cfg.train
@@ -354,9 +380,11 @@ class Trainer(Engine):
                     "skipped_steps": st.skipped_steps,
                     **self.throughput.over(window_steps, window_seconds),
                     **hooks.interval(st.step, window_seconds),
+                    **self._router_interval(window_steps),
                 }
                 self.metrics.record(record)
                 _log.info(console_line(record, t.steps))
+                self._warn_of_collapse(record)
                 window_seconds, window_steps = 0.0, 0
             due_save = t.save_interval > 0 and (
                 st.step % t.save_interval == 0 or st.step == t.steps
@@ -431,6 +459,8 @@ class Trainer(Engine):
             * t.global_batch_size
             * m.seq_length
             / max(st.train_seconds, 1e-9),
+            "parameters": self.parameters,
+            "active_parameters": self.active_parameters,
             "best_checkpoint": str(best) if best else None,
             "wall_seconds": st.wall_seconds,
             "gpus": gpus,

@@ -78,6 +78,21 @@ def test_optimizer_shards_saved_in_place_keep_the_stage_split():
     assert layout_problem(state(te, **uneven), layout(te, pipeline=2)) is None  # reshardable
 
 
+def test_optimizer_shards_saved_in_place_keep_the_expert_parallel_size():
+    """Experts and their optimizer state are sharded over expert-parallel ranks: shards saved
+    in place load under the same size alone; reshardable ones under any (CPU checkpoints)."""
+    te = names.TRANSFORMER_ENGINE
+    saved = state(te, optimizer_sharding="dp_reshardable", expert=2)
+    assert layout_problem(saved, layout(te, expert=2)) is None
+    key, why = layout_problem(saved, layout(te, expert=1))
+    assert key == "parallel.expert" and "parallel.expert=2" in why
+    assert layout_problem(state(te, expert=2), layout(te, expert=1)) is None  # reshardable
+    assert layout_problem(state(expert=2), layout(expert=1)) is None  # CPU
+    # a dense run saved before parallel.expert was recorded
+    earlier = state(te, optimizer_sharding="dp_reshardable")
+    assert layout_problem(earlier, layout(te, expert=1)) is None
+
+
 def test_an_empty_or_missing_tracker_names_no_checkpoint(tmp_path):
     paths = RunPaths.of(tmp_path)
     assert paths.latest_checkpoint() is None and chosen(paths, "latest") is None

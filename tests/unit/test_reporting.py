@@ -58,3 +58,42 @@ def test_the_report_shows_the_plan_the_launcher_wrote(tmp_path):
     cpu = run_plan.make(make_config(tmp_path / "cpu", "model=tiny"), (1000, "given"))
     rows = dict(plan_section.plan_blocks(json.loads(json.dumps(cpu.to_json())))[1][2])
     assert set(rows) == {"layout", "memory per CPU rank (estimate)"}  # no speed model on CPUs
+
+
+def _router_record(step: int, share: list[float], collapse: dict | None = None) -> dict:
+    ratio = max(share) * len(share)
+    layer = {"max_over_mean": ratio, "idle_experts": share.count(0.0), "dropped": 0.0}
+    record = {"step": step, "tokens": 64 * step, "loss": 5.0, "tokens_per_s": 1.0}
+    record.update({"tflops_per_gpu": 0.0, "moe/aux_loss": 1.02, "moe/max_over_mean": ratio})
+    record.update({"moe/idle_experts": share.count(0.0), "moe/dropped": 0.0})
+    record["moe_layers"] = {"2": {**layer, "share": share}}
+    return {**record, "moe_collapse": collapse} if collapse else record
+
+
+def test_a_mixture_of_experts_report_shows_router_health_and_collapses(tmp_path):
+    from pipeline.orchestration.status import _router
+
+    paths = _run(tmp_path)
+    even, collapsed = [0.25] * 4, [0.5, 0.5, 0.0, 0.0]
+    problem = {"2": "2 of 4 experts received no token"}
+    lines = [_router_record(5, even), _router_record(10, collapsed, problem)]
+    paths.metrics.write_text("".join(json.dumps(r) + "\n" for r in lines))
+    blocks = report_blocks(paths, {})
+    at = blocks.index(("h3", "Router health"))
+    table, collapses = blocks[at + 2], blocks[at + 4]
+    assert table[1][:3] == ("layer", "max / mean", "idle experts")
+    assert table[2] == [("2", "2.00", 2, "0.0%", "2 of 4 experts received no token")]
+    assert collapses[2] == [(10, "2", "2 of 4 experts received no token")]
+    assert (paths.train_dir / "expert_load.png").stat().st_size > 0
+    assert "active parameters only" in blocks[at + 1][1]
+    assert _router(paths) == (
+        "; router at step 10: busiest expert 2.00x mean, 2 idle, 0.0% dropped; "
+        "COLLAPSED layer 2: 2 of 4 experts received no token"
+    )
+
+
+def test_a_dense_report_has_no_router_section(tmp_path):
+    paths = _run(tmp_path)
+    record = {"step": 5, "tokens": 5, "loss": 5.0, "tokens_per_s": 1.0, "tflops_per_gpu": 0.0}
+    paths.metrics.write_text(json.dumps(record) + "\n")
+    assert ("h3", "Router health") not in report_blocks(paths, {})

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 
 from pipeline.config import PipelineConfig, TrainConfig
 from pipeline.config.derived import settled
-from pipeline.model import dist_checkpoint
+from pipeline.model import dist_checkpoint, moe
 from pipeline.model.backends import names
 from pipeline.runtime.device import cuda_allocations_on_cpu, cuda_calls_on_cpu
 
@@ -102,21 +102,78 @@ def _seeded_layer_class():
             pipeline_rank = parallel_state.get_pipeline_model_parallel_rank()
             offset = get_transformer_layer_offset(config, kw.get("vp_stage"), pipeline_rank)
             torch.manual_seed(seed * 100_003 + offset + layer_number)
-            super().__init__(config, submodules, layer_number, *args, **kw)
+            with _cuda_on_cpu():  # a MoE router's counters are made "on the current device"
+                super().__init__(config, submodules, layer_number, *args, **kw)
+
+        def forward(self, *args, **kwargs):
+            if not self.is_moe_layer:
+                return super().forward(*args, **kwargs)
+            # megatron-core's router moves its weight to the current CUDA device, and its
+            # dispatcher makes tensors there: on the CPU in every forward (evaluation and
+            # generation too, which run outside the training schedule's context)
+            with _cuda_on_cpu():
+                return super().forward(*args, **kwargs)
 
     return SeededTransformerLayer
+
+
+def _cuda_on_cpu() -> contextlib.AbstractContextManager:
+    stack = contextlib.ExitStack()
+    stack.enter_context(cuda_allocations_on_cpu())
+    stack.enter_context(cuda_calls_on_cpu())
+    return stack
+
+
+def _seeded_experts_class():
+    from megatron.core.transformer.mlp import MLP
+    from megatron.core.transformer.moe.experts import SequentialMLP
+
+    class SeededSequentialMLP(SequentialMLP):
+        """This rank's experts, each drawn from the layer's seed and the expert's number in the
+        whole layer, so that expert 5 is the same expert under every expert-parallel size; the
+        modules built after them (a shared expert) draw from a seed of their own likewise."""
+
+        def __init__(self, num_local_experts, config, submodules, pg_collection=None):
+            layer_seed = torch.initial_seed()  # SeededTransformerLayer's, for this layer
+            super().__init__(0, config, submodules, pg_collection)
+            self.num_local_experts = num_local_experts
+            first = pg_collection.ep.rank() * num_local_experts
+            for index in range(first, first + num_local_experts):
+                torch.manual_seed(_expert_seed(layer_seed, index))
+                expert = MLP(
+                    self.config,
+                    submodules,
+                    ffn_hidden_size=self.config.moe_ffn_hidden_size,
+                    is_expert=True,
+                    tp_group=pg_collection.expt_tp,
+                )
+                self.local_experts.append(expert)
+            torch.manual_seed(_expert_seed(layer_seed, config.num_moe_experts))
+
+    return SeededSequentialMLP
+
+
+def _expert_seed(layer_seed: int, index: int) -> int:
+    return (layer_seed * 1_000_003 + index + 1) % 2**63
 
 
 class DataParallelAdamW:
     """torch AdamW over this rank's shard of the model: averages gradients across the
     data-parallel group (gloo), clips them by the whole model's norm, and skips a step whose
     gradient is not finite. Same contract as megatron-core's optimizers: step() -> (updated,
-    grad_norm)."""
+    grad_norm).
+
+    Under expert parallelism a rank holds some of the experts, which saw tokens of every rank
+    of its expert-parallel group: their gradients are summed over the ranks holding the same
+    experts and divided by the whole data-parallel size, as megatron-core's DDP does."""
 
     def __init__(self, chunks: list[torch.nn.Module], t: TrainConfig):
         from megatron.core import parallel_state
 
+        self.chunks = chunks
         self.params = [p for c in chunks for p in c.parameters() if p.requires_grad]
+        # megatron-core marks expert weights split over expert-parallel ranks allreduce=False
+        self.expert = [not getattr(p, "allreduce", True) for p in self.params]
         decay = [p for p in self.params if p.ndim >= 2]
         no_decay = [p for p in self.params if p.ndim < 2]  # norms and biases
         self.optimizer = torch.optim.AdamW(
@@ -130,7 +187,9 @@ class DataParallelAdamW:
         self.dp_group = parallel_state.get_data_parallel_group()
         self.dp_size = parallel_state.get_data_parallel_world_size()
         self.mp_group = parallel_state.get_model_parallel_group()
-        self.mp_size = torch.distributed.get_world_size(self.mp_group)
+        if any(self.expert):
+            self.expert_dp_group = parallel_state.get_expert_data_parallel_group()
+            self.expert_mp_group = parallel_state.get_expert_tensor_model_pipeline_parallel_group()
 
     @property
     def param_groups(self) -> list[dict]:
@@ -144,12 +203,10 @@ class DataParallelAdamW:
         """Nothing to do: AdamW updates the model's own fp32 parameters."""
 
     def step(self) -> tuple[bool, float]:
+        moe.update_expert_bias(self.chunks)
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params]
-        if self.dp_size > 1:
-            flat = torch.cat([g.reshape(-1) for g in grads])
-            torch.distributed.all_reduce(flat, group=self.dp_group)
-            flat /= self.dp_size
-            grads = list(flat.split([g.numel() for g in grads]))
+        self._average([g for g, e in zip(grads, self.expert, strict=True) if not e], False)
+        self._average([g for g, e in zip(grads, self.expert, strict=True) if e], True)
         for p, g in zip(self.params, grads, strict=True):
             p.grad = g.view_as(p)
         norm = self._grad_norm()
@@ -160,17 +217,41 @@ class DataParallelAdamW:
         self.optimizer.step()
         return True, norm
 
+    def _average(self, grads: list[torch.Tensor], experts: bool) -> None:
+        """Sum `grads` (in place) over the ranks holding the same weights, over the job's
+        data-parallel size."""
+        if not grads or self.dp_size == 1:
+            return
+        group = self.expert_dp_group if experts else self.dp_group
+        flat = torch.cat([g.reshape(-1) for g in grads])
+        if torch.distributed.get_world_size(group) > 1:
+            torch.distributed.all_reduce(flat, group=group)
+        flat /= self.dp_size
+        for g, averaged in zip(grads, flat.split([g.numel() for g in grads]), strict=True):
+            g.copy_(averaged.view_as(g))
+
     def _grad_norm(self) -> float:
         """The norm of the whole model's gradient: each tensor-parallel shard once, a weight
-        copied on every tensor-parallel rank (norms, biases) once, all pipeline stages."""
+        copied on every tensor-parallel rank (norms, biases) once, all pipeline stages, and
+        each expert once over the expert-parallel ranks."""
+        dense = self._squared_norm([not e for e in self.expert], self.mp_group)
+        if not any(self.expert):
+            return float(dense.sqrt())
+        return float((dense + self._squared_norm(self.expert, self.expert_mp_group)).sqrt())
+
+    def _squared_norm(self, chosen: list[bool], group) -> torch.Tensor:
         from megatron.core.tensor_parallel import param_is_not_tensor_parallel_duplicate
 
-        own = [p.grad for p in self.params if param_is_not_tensor_parallel_duplicate(p)]
+        own = [
+            p.grad
+            for p, c in zip(self.params, chosen, strict=True)
+            if c and param_is_not_tensor_parallel_duplicate(p)
+        ]
         zero = torch.zeros((), dtype=torch.float64)
         squared = torch.nn.utils.get_total_norm(own).double() ** 2 if own else zero
-        if self.mp_size > 1:
-            torch.distributed.all_reduce(squared, group=self.mp_group)
-        return float(squared.sqrt())
+        if torch.distributed.get_world_size(group) > 1:
+            torch.distributed.all_reduce(squared, group=group)
+        return squared
 
     def state_dict(self) -> dict:
         return self.optimizer.state_dict()
@@ -224,7 +305,8 @@ class CpuBackend:
     device = torch.device("cpu")
 
     def kernels(self, cfg: PipelineConfig) -> str:
-        return "megatron-core's local layers on the CPU"
+        experts = "; experts: allgather dispatch, one MLP each" if moe.is_moe(cfg.model) else ""
+        return "megatron-core's local layers on the CPU" + experts
 
     def transformer_options(self, cfg: PipelineConfig) -> dict[str, Any]:
         if cfg.train.precision != "fp32":
@@ -232,7 +314,11 @@ class CpuBackend:
         if settled(cfg).pipeline > 1 and not cfg.model.untie_embeddings:
             # megatron-core moves the output layer's copy of a tied embedding to CUDA
             raise ValueError("parallel.pipeline>1 on CPU needs model.untie_embeddings=true")
+        moe.use_torch_router_gemm()
+        # the dispatcher that runs without CUDA (alltoall asks for CUDA streams)
+        dispatcher = dict(moe_token_dispatcher_type="allgather") if moe.is_moe(cfg.model) else {}
         return dict(
+            **dispatcher,
             use_cpu_initialization=True,
             perform_initialization=True,
             bias_activation_fusion=False,
@@ -247,18 +333,20 @@ class CpuBackend:
     def layer_spec(self, cfg: PipelineConfig, config, vp_stage: int | None):
         from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
         from megatron.core.transformer.torch_norm import WrappedTorchNorm
-        from megatron.core.transformer.transformer_block import (
-            TransformerBlockSubmodules,
-            get_num_layers_to_build,
-        )
+        from megatron.core.transformer.transformer_block import TransformerBlockSubmodules
 
-        layer = get_gpt_layer_local_spec(normalization=cfg.model.normalization)
-        layer.submodules.self_attention.submodules.core_attention = SDPAttention
-        layer.module, layer.params = _seeded_layer_class(), {"seed": cfg.train.seed}
+        m = cfg.model
+        dense = get_gpt_layer_local_spec(normalization=m.normalization)
+        expert = get_gpt_layer_local_spec(num_experts=m.moe.experts, normalization=m.normalization)
+        if moe.is_moe(m):
+            expert.submodules.mlp.submodules.experts.module = _seeded_experts_class()
+        for layer in (dense, expert):
+            layer.submodules.self_attention.submodules.core_attention = SDPAttention
+            layer.module, layer.params = _seeded_layer_class(), {"seed": cfg.train.seed}
         # the final norm too: given a layer spec, megatron-core takes Transformer Engine's
         # whenever TE is importable (as on a GPU host running a CPU job), and TE's needs CUDA
         return TransformerBlockSubmodules(
-            layer_specs=[layer] * get_num_layers_to_build(config, vp_stage=vp_stage),
+            layer_specs=moe.layer_specs(cfg, config, dense, expert, vp_stage),
             layer_norm=WrappedTorchNorm,
         )
 
@@ -275,10 +363,7 @@ class CpuBackend:
         return DataParallelAdamW(chunks, cfg.train)
 
     def schedule_context(self) -> contextlib.AbstractContextManager:
-        stack = contextlib.ExitStack()
-        stack.enter_context(cuda_allocations_on_cpu())
-        stack.enter_context(cuda_calls_on_cpu())  # pipeline stages send and receive over gloo
-        return stack
+        return _cuda_on_cpu()  # pipeline stages send and receive over gloo
 
     def _sharded_state(self, chunks, optimizer, loading: bool) -> dict:
         state = dist_checkpoint.model_state(chunks)

@@ -12,7 +12,7 @@ import torch
 
 from pipeline.config import PipelineConfig
 from pipeline.config.derived import data_parallel_size, settled
-from pipeline.model import dist_checkpoint
+from pipeline.model import dist_checkpoint, moe
 from pipeline.model.backends import names
 from pipeline.model.sizes import params_dtype
 from pipeline.runtime import distributed
@@ -94,6 +94,8 @@ class TransformerEngineBackend:
             options.update(tp_comm_overlap=True)
         if te_activation(cfg):  # TE's activation kernels replace megatron-core's bias fusion
             options.update(use_te_activation_func=True, bias_activation_fusion=False)
+        if moe.is_moe(cfg.model):
+            options.update(moe_options())
         if t.precision == "fp8":
             options.update(
                 fp8="hybrid",
@@ -116,14 +118,25 @@ class TransformerEngineBackend:
             wgrad = "a separate add (train.wgrad_fusion=false, no apex)"
         version = getattr(transformer_engine, "__version__", "(version unknown)")
         rope = "; RoPE compiled over the unsplit QKV" if _compiled_rope(cfg) else ""
+        experts = ""
+        if moe.is_moe(cfg.model):
+            o = moe_options()
+            fused = [name for name, on in (("permute", o["moe_permute_fusion"]),
+                                           ("router", o["moe_router_fusion"])) if on]  # fmt: skip
+            experts = "; experts: grouped GEMM, all-to-all dispatch" + (
+                f", fused {' and '.join(fused)}" if fused else ""
+            )
         return (
-            f"Transformer Engine {version}; weight gradients accumulated into fp32 by {wgrad}{rope}"
+            f"Transformer Engine {version}; weight gradients accumulated into fp32 by "
+            f"{wgrad}{rope}{experts}"
         )
 
     def layer_spec(self, cfg: PipelineConfig, config, vp_stage: int | None):
+        from megatron.core.extensions.transformer_engine import TENorm
         from megatron.core.models.gpt.gpt_layer_specs import (
             get_gpt_layer_with_transformer_engine_spec,
         )
+        from megatron.core.transformer.transformer_block import TransformerBlockSubmodules
 
         spec = get_gpt_layer_with_transformer_engine_spec(use_te_activation_func=te_activation(cfg))
         if te_activation(cfg):
@@ -132,7 +145,21 @@ class TransformerEngineBackend:
             from pipeline.model.backends import rope  # torch.compile's machinery, when used
 
             rope.use_compiled_kernel()
-        return spec
+        if not moe.is_moe(cfg.model):
+            return spec
+        # TE's grouped GEMM runs a rank's experts as one kernel
+        expert = get_gpt_layer_with_transformer_engine_spec(
+            num_experts=cfg.model.moe.experts,
+            moe_grouped_gemm=True,
+            use_te_activation_func=te_activation(cfg),
+        )
+        if te_activation(cfg):
+            mlp = expert.submodules.mlp.submodules
+            mlp.experts.submodules.activation_func = CheckpointableTEActivation
+            mlp.shared_experts.submodules.activation_func = CheckpointableTEActivation
+        return TransformerBlockSubmodules(
+            layer_specs=moe.layer_specs(cfg, config, spec, expert, vp_stage), layer_norm=TENorm
+        )
 
     def adapt_model(self, model: torch.nn.Module) -> torch.nn.Module:
         return model
@@ -223,6 +250,31 @@ class TransformerEngineBackend:
             key = dist_checkpoint.chunk_key(i, len(chunks))
             dist_checkpoint.unwrap(chunk).load_state_dict(state[key])
         optimizer.inner.load_state_dict(state["optimizer"])
+
+
+def moe_options() -> dict[str, Any]:
+    """How a mixture of experts runs on GPUs, as megatron-core's fastest recipes run it: tokens
+    sent to their experts' ranks by all-to-all, each rank's experts as one grouped GEMM, and
+    Transformer Engine's fused permutation and top-k router kernels where this TE has them."""
+    from megatron.core.transformer.moe import moe_utils
+
+    def available(*names: str) -> bool:  # None (or absent) in TE releases without them
+        return all(getattr(moe_utils, name, None) is not None for name in names)
+
+    permute = available(
+        "fused_permute",
+        "fused_permute_with_probs",
+        "fused_sort_chunks_by_index",
+        "fused_sort_chunks_by_index_with_probs",
+        "fused_unpermute",
+    )
+    router = available("fused_topk_with_score_function", "fused_compute_score_for_moe_aux_loss")
+    return dict(
+        moe_token_dispatcher_type="alltoall",
+        moe_grouped_gemm=True,
+        moe_permute_fusion=permute,
+        moe_router_fusion=router,
+    )
 
 
 def te_activation(cfg: PipelineConfig) -> bool:
