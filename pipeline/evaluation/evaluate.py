@@ -1,7 +1,7 @@
 """The evaluation: loss, perplexity and bits per byte of a checkpoint (the best, by default) on the
 held-out test split and on the extra sets (see pipeline.data.evalsets for what is measured), the
-test loss of every checkpoint kept (eval.all_checkpoints), text samples, lm-evaluation-harness
-tasks, then the report. eval/DONE.json is written last, then the trackers of logging.* receive
+test loss of every checkpoint kept (eval.all_checkpoints), text samples, then the report
+(downstream tasks are scored by a step of their own, pipeline.evaluation.downstream). eval/DONE.json is written last, then the trackers of logging.* receive
 the results and the report."""
 
 from __future__ import annotations
@@ -22,7 +22,6 @@ from pipeline.data import evalsets, sources
 from pipeline.data.datasets import check_sources, check_splits, load_manifest
 from pipeline.data.token_bytes import TokenBytes
 from pipeline.data.tokenizer import load
-from pipeline.evaluation import harness
 from pipeline.evaluation.generate import continuation
 from pipeline.reporting.report import write_report
 from pipeline.runtime.device import resolve_device
@@ -181,7 +180,6 @@ class EvaluationRecord(TypedDict, total=False):
     test_tokens: int
     sets: dict[str, dict]  # by set name, "test" first (then "test/SOURCE" for a mixture)
     samples: list[dict]
-    harness: dict
     checkpoints: list[dict]  # eval.all_checkpoints
     gpus: int
     checkpoint_layout: dict
@@ -222,7 +220,6 @@ def evaluate(cfg: PipelineConfig, made_from: dict) -> EvaluationRecord:
         "test_tokens": test["tokens"],
         "sets": measured,
         "samples": _samples(cfg, model, sp, engine.device),
-        "harness": harness.run(cfg, model, sp, engine.device),
     }
     if cfg.eval.all_checkpoints:
         result["checkpoints"] = _every_checkpoint(cfg, engine, tests, counted, folder, test)

@@ -7,17 +7,13 @@ no network, and pipeline.evaluation.downstream fetches the data beforehand."""
 from __future__ import annotations
 
 import importlib.util
-import os
 from pathlib import Path
 
 import torch
 
 from pipeline.config import PipelineConfig
 from pipeline.config.derived import settled
-from pipeline.core import log
 from pipeline.evaluation.scoring import Scorer
-
-_log = log.get()
 
 NOT_INSTALLED = "the lm_eval package is not installed (pip install '.[eval]')"
 
@@ -92,26 +88,3 @@ def scores(out: dict) -> dict[str, dict[str, float]]:
         }
         for task, metrics in out["results"].items()
     }
-
-
-def _skipped(tasks: list[str], why: str) -> dict:
-    line = f"lm-evaluation-harness skipped ({', '.join(tasks)}): {why}"
-    _log.info(line)
-    return {"tasks": tasks, "skipped": line}
-
-
-def run(cfg: PipelineConfig, net: torch.nn.Module, sp, device: torch.device) -> dict:
-    """Scores of eval.harness_tasks for the evaluation job, or why they were skipped; {} when
-    none are configured."""
-    tasks = list(cfg.eval.harness_tasks)
-    if not tasks:
-        return {}
-    if not installed():
-        return _skipped(tasks, NOT_INSTALLED)
-    os.environ.update(cache_env(None, offline=True))  # before datasets is imported
-    try:
-        out = evaluate(tasks, list(cfg.eval.task_paths), model(cfg, net, sp, device))
-    except Exception as e:  # most often the task data is not on this machine
-        first = (str(e).strip().splitlines() or [""])[0]
-        return _skipped(tasks, f"{type(e).__name__}: {first} (task data must be available offline)")
-    return {"tasks": tasks, "results": scores(out)}

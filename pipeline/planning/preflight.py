@@ -269,6 +269,7 @@ def _check_resume_layout(cfg: PipelineConfig, plan: Plan) -> None:
         {
             "tensor": plan.layout.tensor,
             "pipeline": plan.layout.pipeline,
+            "expert": plan.layout.expert,
             "virtual_pipeline": cfg.parallel.virtual_pipeline,
             "account_for_embedding": cfg.parallel.account_for_embedding,
             "account_for_loss": cfg.parallel.account_for_loss,

@@ -276,18 +276,6 @@ def _results_section(paths: RunPaths, evaluation: dict) -> list[tuple]:
             ("table", ("step", "validation loss", "test loss", "test perplexity"), rows),
             ("img", plot.relative_to(paths.root), "test loss by checkpoint"),
         ]
-    harness = evaluation.get("harness", {})
-    if harness:
-        blocks.append(("h2", "Downstream tasks (lm-evaluation-harness)"))
-        if "skipped" in harness:
-            blocks.append(("p", harness["skipped"]))
-        else:
-            rows = [
-                (task, metric, f"{value:.4f}")
-                for task, metrics in harness["results"].items()
-                for metric, value in metrics.items()
-            ]
-            blocks.append(("table", ("task", "metric", "value"), rows))
     return blocks
 
 
