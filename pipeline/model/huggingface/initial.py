@@ -1,4 +1,4 @@
-"""model.init_from: a Hugging Face Llama's weights as the run's starting point.
+"""model.init_from: a Hugging Face Llama's or Mixtral's weights as the run's starting point.
 
 The first process of the training job converts them once into a checkpoint-format folder
 (train/init/), then every rank loads it as it would load any checkpoint, which reshards it into
@@ -7,6 +7,7 @@ are converted again."""
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 from pathlib import Path
 
@@ -19,11 +20,12 @@ RECORD = "DONE.json"
 
 
 def convert(init_from: Path, model: ModelConfig, padded_vocab: int, target: Path) -> None:
-    """Write the weights of the Llama in `init_from` into `target` (dist/ and DONE.json),
-    unless it already holds them for this model and vocabulary padding."""
+    """Write the weights of the Llama or Mixtral in `init_from` into `target` (dist/ and
+    DONE.json), unless it already holds them for this model and vocabulary padding (model.moe
+    included: asdict, since the record is JSON)."""
     made_from = {
         "init_from": hf_files.identity(init_from),
-        "model": {k: v for k, v in vars(model).items() if k != "name"},
+        "model": {k: v for k, v in dataclasses.asdict(model).items() if k != "name"},
         "padded_vocab": padded_vocab,
     }
     if files.read_json_or_none(target / RECORD) == made_from:
