@@ -81,7 +81,7 @@ class ModelConfig:
     init_from: str | None = key(
         None,
         OUTPUT,
-        "start from a local Hugging Face Llama folder's weights",
+        "start from a local Hugging Face Llama (or Mixtral) folder's weights",
         rule=r.A_FOLDER,
         common=True,
     )

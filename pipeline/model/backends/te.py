@@ -153,6 +153,11 @@ class TransformerEngineBackend:
             moe_grouped_gemm=True,
             use_te_activation_func=te_activation(cfg),
         )
+        # a MoE layer's norm before its router is a module of its own; megatron-core's local
+        # spec saves it under a dense layer's fused name, its TE spec did not: the same key
+        # here, so a MoE checkpoint loads under either backend and exports from either
+        keys = expert.submodules.sharded_state_dict_keys_map
+        keys["pre_mlp_layernorm."] = "mlp.linear_fc1.layer_norm_"
         if te_activation(cfg):
             mlp = expert.submodules.mlp.submodules
             mlp.experts.submodules.activation_func = CheckpointableTEActivation
