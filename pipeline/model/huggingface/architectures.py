@@ -236,8 +236,8 @@ def llama_settings(hf: dict[str, Any]) -> dict[str, Any]:
 
 def mixtral_settings(hf: dict[str, Any]) -> dict[str, Any]:
     """The model.* values a Hugging Face Mixtral config.json stands for: its attention's as a
-    Llama's, its experts' under model.moe (a sliding window, which the pipeline's attention
-    lacks, is refused)."""
+    Llama's, its experts' as model.moe.experts, model.moe.top_k and model.moe.ffn_hidden_size
+    (a sliding window, which the pipeline's attention lacks, is refused)."""
     if hf.get("sliding_window") is not None:
         raise ConfigError(
             f"model.init_from: its sliding_window {hf['sliding_window']} has no equivalent "

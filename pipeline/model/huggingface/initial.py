@@ -21,8 +21,8 @@ RECORD = "DONE.json"
 
 def convert(init_from: Path, model: ModelConfig, padded_vocab: int, target: Path) -> None:
     """Write the weights of the Llama or Mixtral in `init_from` into `target` (dist/ and
-    DONE.json), unless it already holds them for this model and vocabulary padding (model.moe
-    included: asdict, since the record is JSON)."""
+    DONE.json), unless it already holds them for this model and vocabulary padding (the MoE
+    settings included: asdict, since the record is JSON)."""
     made_from = {
         "init_from": hf_files.identity(init_from),
         "model": {k: v for k, v in dataclasses.asdict(model).items() if k != "name"},
