@@ -148,6 +148,12 @@ def test_init_from_compares_the_experts_with_the_mixtrals(tmp_path):
         assert architectures.mismatch(other, hf) == (
             f"model.moe.{key} is {value}, the checkpoint's is {have}"
         )
+    first_dense = dataclasses.replace(
+        model, moe=dataclasses.replace(model.moe, first_dense_layers=1)
+    )
+    assert architectures.mismatch(first_dense, hf) == (
+        "model.moe.first_dense_layers is 1, the checkpoint's is 0"
+    )
     dense = dataclasses.replace(model, moe=dataclasses.replace(model.moe, experts=0))
     assert architectures.mismatch(dense, hf) == "model.moe.experts is 0, the checkpoint's is 8"
     llama = architectures.hf_config(dense, 512, {"bos": 1, "eos": 2}, "float32", False)

@@ -250,6 +250,9 @@ def mixtral_settings(hf: dict[str, Any]) -> dict[str, Any]:
         "moe.experts": hf.get("num_local_experts", 8),
         "moe.top_k": hf.get("num_experts_per_tok", 2),
         "moe.ffn_hidden_size": hf["intermediate_size"],
+        "moe.first_dense_layers": 0,  # experts in every layer
+        "moe.shared_expert_ffn_hidden_size": 0,
+        "moe.capacity_factor": None,  # dropless
     }
 
 
