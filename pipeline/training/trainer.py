@@ -187,8 +187,8 @@ class Trainer(Engine):
         )
 
     def _start_from_hf(self, init_from: Path) -> None:
-        """model.init_from: the first rank converts the Llama's weights (once), then every
-        rank loads its part of them, as from a checkpoint."""
+        """model.init_from: the first rank converts the Llama's or Mixtral's weights (once),
+        then every rank loads its part of them, as from a checkpoint."""
         from pipeline.model import dist_checkpoint
         from pipeline.model.huggingface.initial import convert
 
