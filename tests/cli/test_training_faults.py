@@ -10,7 +10,7 @@ import subprocess
 import time
 
 from pipeline.core.paths import RunPaths
-from pipeline.training import checkpoint
+from pipeline.training import checkpoint, retention
 from tests.conftest import SMALL_SERIAL, cli, copy_tokenized, launch, loss_curve
 
 
@@ -38,7 +38,7 @@ def test_a_save_killed_midway_is_never_loaded_and_the_rerun_matches(tokenized, t
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
 
-    finished = [p for p in root.glob("iter_*") if checkpoint.NAME.fullmatch(p.name)]
+    finished = [p for p in root.glob("iter_*") if retention.NAME.fullmatch(p.name)]
     assert all(checkpoint.is_valid(p) for p in finished)  # only whole saves have the name
     tracked = root / (root / checkpoint.TRACKER).read_text().strip()
     assert checkpoint.is_valid(tracked)

@@ -29,6 +29,7 @@ def trained(tmp_path_factory):
     workdir = root / "run"
     settings = ["export.dtype=bf16", f"export.out={root / 'hf'}"]
     pipeline(workdir, "stages=[tokenize,train,export]", *settings)
+    (root / "tasks").mkdir()  # eval.task_paths must name a folder; its tasks need the run's text
     cfg = make_config(
         workdir,
         *GPU_SMALL,

@@ -39,7 +39,8 @@ def test_each_kept_checkpoint_is_scored_by_a_slurm_job_of_its_own(slurm_cluster,
         assert time.time() < deadline, sacct([job[1]])
         time.sleep(3)
     assert sacct([job[1]])[job[1]]["state"] == "COMPLETED"
-    assert job[1] not in {j for ids in states.values() for j in ids}  # a job of its own
+    launched = json.loads((workdir / "jobs.json").read_text())[-1]["jobs"]
+    assert job[1] not in {j for ids in launched.values() for j in ids}  # a job of its own
     scored = {
         step: json.loads((workdir / "eval" / "downstream" / f"iter_{step:07d}.json").read_text())
         for step in (10, 20)
