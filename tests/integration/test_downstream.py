@@ -53,7 +53,6 @@ def _task(folder: Path, name: str, rows: list[dict], spec: str) -> None:
 
 def _write_tasks(folder: Path, docs: list[str], count: int = 12) -> None:
     """Four tasks on held-out documents, each request built from one of `count` of them."""
-    folder.mkdir()
     words = [d.split(" ") for d in docs][:count]
     n = len(words)
     choice = [
@@ -135,6 +134,7 @@ def setting(finished_run, tmp_path_factory):
     root = tmp_path_factory.mktemp("downstream")
     workdir = root / "run"
     shutil.copytree(finished_run.workdir, workdir, symlinks=True)
+    (root / "tasks").mkdir()  # eval.task_paths must name a folder; its tasks come below
     cfg = make_config(
         workdir,
         *SMALL_SERIAL,
