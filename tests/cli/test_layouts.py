@@ -140,12 +140,13 @@ def _scoring_rank(rank: int, port: int, workdir: str, out: str) -> None:
 
     cfg = make_config(workdir, *SMALL_SERIAL, *TWO_RANKS, *LAYOUTS["tensor2"])
     model = scoring_model(cfg, _latest(workdir))
+    pairs = _scoring_requests(model.sp, Path(workdir))
+    contexts = [context for context, _ in pairs[:6]]
     found = {
         "tensor": parallel_state.get_tensor_model_parallel_world_size(),
         "data": model.engine.dp_size,
-        "scores": model.scorer.loglikelihoods(
-            _scoring_requests(model.sp, Path(workdir)), cfg.model.seq_length
-        ),
+        "scores": model.scorer.loglikelihoods(pairs, cfg.model.seq_length),
+        "greedy": model.scorer.greedy(contexts, 4, model.sp.eos_id(), lambda ids: False),
     }
     Path(out, f"rank{rank}.json").write_text(json.dumps(found))
 
@@ -166,15 +167,19 @@ def test_a_tensor_parallel_checkpoint_scores_under_two_ranks_as_in_one_process(r
     )
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
     assert [(r["tensor"], r["data"]) for r in ranks] == [(2, 1), (2, 1)]
-    assert ranks[0]["scores"] == ranks[1]["scores"]
+    assert ranks[0]["scores"] == ranks[1]["scores"] and ranks[0]["greedy"] == ranks[1]["greedy"]
     cfg = make_config(workdir, *SMALL_SERIAL, *TWO_RANKS, *LAYOUTS["tensor2"])
     alone = scoring_model(cfg, _latest(workdir))
     assert alone.engine.settled.tensor == 1 and alone.state["layout"]["tensor"] == 2
     pairs = _scoring_requests(alone.sp, workdir)
     expected = alone.scorer.loglikelihoods(pairs, cfg.model.seq_length)
-    assert len(expected) == len(pairs) and any(greedy for _, greedy in expected)
     for (logprob, greedy), (one, one_greedy) in zip(ranks[0]["scores"], expected, strict=True):
         assert abs(logprob - one) <= 1e-5 and greedy == one_greedy
+    contexts = [context for context, _ in pairs[:6]]
+    continued = alone.scorer.greedy(contexts, 4, alone.sp.eos_id(), lambda ids: False)
+    assert continued == ranks[0]["greedy"] and any(continued)
+    own = [(c, ids) for c, ids in zip(contexts, continued, strict=True) if ids]
+    assert all(g for _, g in alone.scorer.loglikelihoods(own, cfg.model.seq_length))
 
 
 ONE_PROCESS = [
