@@ -180,8 +180,8 @@ def score_checkpoint(cfg: PipelineConfig, checkpoint: Path, out: Path) -> dict:
     }
     if engine.rank.is_first:
         files.write_json(Path(out), record)
-        _log.info(
-            f"{folder.name}: {len(record['tasks'])} task(s) scored, "
-            f"{record['requests_per_s']:.1f} requests/s"
-        )
+    _log.info(  # from the rank that logs (the training's: the last)
+        f"{folder.name}: {len(record['tasks'])} task(s) scored, "
+        f"{record['requests_per_s']:.1f} requests/s"
+    )
     return record

@@ -183,3 +183,4 @@ def score_in_ranks(cfg: PipelineConfig, folder: Path) -> None:
     job = executor.submit(ScoreTask(cfg, str(folder)))
     _log.info(f"downstream {folder.name}: {needs.ranks} ranks, logs under {job.paths.folder}")
     _results(DOWNSTREAM, job, paths.failures_log, started)
+    _log.info(f"downstream {folder.name}: scored ({paths.downstream_result(folder.name)})")
