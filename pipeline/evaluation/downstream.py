@@ -86,8 +86,9 @@ def fetch_task_data(cfg: PipelineConfig, cache: Path) -> list[str]:
 
 def scoring_tensor_parallel(trained_tensor: int, ranks: int) -> int:
     """The tensor-parallel size a job of `ranks` scores a checkpoint in: the one it was trained
-    in, where the job has ranks for it (the largest size dividing both, else: its heads, query
-    groups and padded vocabulary divide evenly by any such size)."""
+    in, or where the job's ranks do not divide by it, the largest size dividing both (the
+    model's heads, query groups and padded vocabulary divide by any divisor of the trained
+    size)."""
     return math.gcd(max(1, trained_tensor), max(1, ranks))
 
 
