@@ -31,6 +31,9 @@ class Placement(enum.Enum):
     ARRAY = "array"  # one process per task index, all independent (a Slurm job array)
     TRAINING_RANKS = "training ranks"  # every training rank, on every node, at once
     ONE_DEVICE = "one device"  # one process with one GPU (or the CPU, on a CPU run)
+    # the training's tensor x pipeline ranks, one GPU each (processes on a CPU run): a model
+    # held as it was trained, forward only (downstream scoring)
+    MODEL_RANKS = "model-parallel ranks"
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,7 @@ from pipeline.config import PipelineConfig
 from pipeline.core import files, log, scores
 from pipeline.core.paths import RunPaths
 from pipeline.reporting.report import write_report
+from pipeline.runtime import distributed
 from pipeline.tracking.trackers import Trackers
 from pipeline.training import leases
 
@@ -32,17 +33,20 @@ def score(cfg: PipelineConfig, folder: Path) -> dict:
             error = (f"{type(e).__name__}: {e}".strip().splitlines() or [""])[0]
             files.write_json(failure, {"at": time.strftime("%Y-%m-%dT%H:%M:%S"), "error": error})
             raise
-        failure.unlink(missing_ok=True)
-        values = flat(record)
+        values = flat(record)  # the same on every rank: the line comes from the one that logs
         _log.info(
             f"downstream: {folder.name} (step {record['step']}): "
             + ", ".join(f"{k} {v:.4f}" for k, v in values.items())
         )
+        if not distributed.from_env().is_first:  # the job's other ranks scored beside it
+            return record
+        failure.unlink(missing_ok=True)
         _to_trackers(cfg, paths, record["step"], values)
         write_report(paths)  # and summary.json, which gathers every checkpoint's scores
         return record
     finally:
-        leases.release(folder)
+        if distributed.from_env().is_first:
+            leases.release(folder)
 
 
 def flat(record: dict) -> dict[str, float]:

@@ -1,8 +1,9 @@
-"""The downstream step: after training, one job on one GPU (or the CPU) scores the last
-checkpoint on eval.harness_tasks, and the one eval.checkpoint names when that is another,
-unless it was scored while training went on (eval.harness_every). It runs before the
-evaluation, which may choose its checkpoint by these scores (eval.select_by). Only in the graph
-when tasks are configured; eval/downstream/DONE.json records the checkpoints it scored."""
+"""The downstream step: after training, one job of the training's model-parallel size (tensor x
+pipeline ranks, a GPU each; as many processes on a CPU run) scores the last checkpoint on
+eval.harness_tasks, and the one eval.checkpoint names when that is another, unless it was
+scored while training went on (eval.harness_every). It runs before the evaluation, which may
+choose its checkpoint by these scores (eval.select_by). Only in the graph when tasks are
+configured; eval/downstream/DONE.json records the checkpoints it scored."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from pipeline.core import files, provenance
 from pipeline.core.paths import RunPaths
 from pipeline.core.provenance import MadeFrom
 from pipeline.core.steps import Change, MarkedStep, Placement
+from pipeline.runtime import distributed
 from pipeline.training.steps import TRAIN
 
 
@@ -37,7 +39,7 @@ def to_score(cfg: PipelineConfig) -> list[Path]:
 
 class DownstreamStep(MarkedStep):
     name = "downstream"
-    placement = Placement.ONE_DEVICE
+    placement = Placement.MODEL_RANKS
 
     def made_from(self, cfg: PipelineConfig) -> MadeFrom:
         settings = {
@@ -61,14 +63,15 @@ class DownstreamStep(MarkedStep):
 
         paths = RunPaths.of(cfg.workdir)
         tasks = set(cfg.eval.harness_tasks)
-        scored = []
-        for folder in to_score(cfg):
-            earlier = files.read_json_or_none(paths.downstream_result(folder.name)) or {}
-            if not tasks <= set(earlier.get("tasks", {})):  # not scored while training went on
+        folders = to_score(cfg)
+        # decided before any is scored: every rank of the job scores the same checkpoints
+        earlier = [files.read_json_or_none(paths.downstream_result(f.name)) or {} for f in folders]
+        for folder, record in zip(folders, earlier, strict=True):
+            if not tasks <= set(record.get("tasks", {})):  # not scored while training went on
                 score(cfg, folder)
-            scored.append(folder.name)
-        record = {"made_from": made_from, "checkpoints": scored}
-        files.write_json(paths.downstream_done, record)  # last: the marker
+        record = {"made_from": made_from, "checkpoints": [f.name for f in folders]}
+        if distributed.from_env().is_first:
+            files.write_json(paths.downstream_done, record)  # last: the marker
         return record
 
 

@@ -35,9 +35,17 @@ _log = log.get()
 def single_device(cfg: PipelineConfig) -> PipelineConfig:
     """The run's config for the evaluation job: one process on one GPU, or on the CPU, whatever
     layout trained the checkpoint (dist_checkpoint reshards the weights as they load)."""
+    return one_stage(cfg, tensor=1)
+
+
+def one_stage(cfg: PipelineConfig, tensor: int) -> PipelineConfig:
+    """The run's config for a job that runs the model forward only, whole on each group of
+    `tensor` tensor-parallel ranks (no pipeline stages; the job's other ranks are data-parallel),
+    whatever layout trained the checkpoint. No sequence parallelism: its requests are of any
+    length."""
     parallel = dataclasses.replace(
         cfg.parallel,
-        tensor=1,
+        tensor=tensor,
         pipeline=1,
         virtual_pipeline=None,
         sequence_parallel=False,

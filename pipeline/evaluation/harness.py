@@ -7,6 +7,8 @@ no network, and pipeline.evaluation.downstream fetches the data beforehand."""
 from __future__ import annotations
 
 import importlib.util
+import os
+import signal
 from pathlib import Path
 
 import torch
@@ -62,15 +64,36 @@ def model(
     batch: int | None = None,
 ):
     """The harness's model over `net`, its requests split over `world` data-parallel ranks."""
+    scorer = Scorer(net, sp.vocab_size(), device, batch or batch_size(cfg), rank, world)
+    return language_model(cfg, scorer, sp)
+
+
+def language_model(cfg: PipelineConfig, scorer: Scorer, sp):
+    """The harness's model whose requests `scorer` scores."""
     from pipeline.evaluation.harness_model import PipelineLM
 
-    scorer = Scorer(net, sp.vocab_size(), device, batch or batch_size(cfg), rank, world)
     return PipelineLM(scorer, sp, max_length(cfg))
 
 
+_WORKERS_END = []  # whether the hook below is registered in this process
+
+
+def pool_workers_end_on_sigterm() -> None:
+    """Processes forked from this one from now on end on SIGTERM, whatever this one does with
+    it: the harness computes some metrics' stderr in a multiprocessing pool, which it ends with
+    SIGTERM, and a submitit job's handler (inherited by a fork) ignores SIGTERM, so the pool's
+    end would wait for its workers forever."""
+    if not _WORKERS_END:
+        os.register_at_fork(after_in_child=lambda: signal.signal(signal.SIGTERM, signal.SIG_DFL))
+        _WORKERS_END.append(True)
+
+
 def evaluate(tasks: list[str], task_paths: list[str], lm, log_samples: bool = False) -> dict:
-    """lm_eval.simple_evaluate of `tasks` with `lm`, as it returns it."""
+    """lm_eval.simple_evaluate of `tasks` with `lm`, as it returns it (on the first process of
+    each node; None on the others)."""
     import lm_eval
+
+    pool_workers_end_on_sigterm()
 
     return lm_eval.simple_evaluate(
         model=lm, tasks=tasks, task_manager=task_manager(task_paths), log_samples=log_samples

@@ -3,12 +3,15 @@ model, batched: sequences sorted longest first (as lm-evaluation-harness's Huggi
 orders them), padded on the right, one forward pass per batch. Causal attention makes right
 padding harmless without a mask: no position attends to a later one, so the padded tail changes
 nothing before it, and its positions are never read. Over data-parallel ranks, rank r runs
-batches r, r + world, ... and every rank receives all results."""
+batches r, r + world, ... and every rank receives all results. Under tensor parallelism the
+ranks of one tensor-parallel group run the same batches, each computing its slice of the
+vocabulary's logits, gathered whole before the log-softmax."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -22,8 +25,10 @@ class Scorer:
     vocab: int  # the tokenizer's pieces: the rows the model pads its vocabulary with never count
     device: torch.device
     batch_size: int
-    rank: int = 0
+    rank: int = 0  # among the data-parallel ranks
     world: int = 1
+    data_group: Any = None  # the data-parallel ranks' process group (None: every rank's)
+    tensor_group: Any = None  # the tensor-parallel group the logits are split over, if any
 
     @torch.no_grad()
     def _logits(self, rows: list[list[int]]) -> torch.Tensor:
@@ -34,7 +39,18 @@ class Scorer:
             tokens[i, : len(row)] = torch.tensor(row)
         positions = torch.arange(width).repeat(len(rows), 1)
         self.model.eval()
-        return self.model(tokens.to(self.device), positions.to(self.device), None)
+        return self._whole_vocabulary(
+            self.model(tokens.to(self.device), positions.to(self.device), None)
+        )
+
+    def _whole_vocabulary(self, logits: torch.Tensor) -> torch.Tensor:
+        """Logits over the whole padded vocabulary from each tensor-parallel rank's slice of
+        it (megatron-core splits the output layer's rows evenly, in rank order)."""
+        if self.tensor_group is None or dist.get_world_size(self.tensor_group) == 1:
+            return logits
+        slices = [torch.empty_like(logits) for _ in range(dist.get_world_size(self.tensor_group))]
+        dist.all_gather(slices, logits.contiguous(), group=self.tensor_group)
+        return torch.cat(slices, dim=-1)
 
     def _mine(self, batches: list) -> list:
         return batches[self.rank :: self.world]
@@ -43,7 +59,7 @@ class Scorer:
         if self.world == 1:
             return found
         parts: list = [None] * self.world
-        dist.all_gather_object(parts, found)
+        dist.all_gather_object(parts, found, group=self.data_group)
         return {k: v for part in parts for k, v in part.items()}
 
     def loglikelihoods(self, pairs: list[Pair], max_length: int) -> list[tuple[float, bool]]:

@@ -95,7 +95,8 @@ class ArrayTask:
 
 
 class ScoreTask:
-    """The job that scores one checkpoint on the downstream tasks while training goes on."""
+    """The job that scores one checkpoint on the downstream tasks while training goes on (the
+    downstream step's ranks: tensor-parallel groups, data-parallel between them)."""
 
     def __init__(self, cfg: PipelineConfig, folder: str):
         self.cfg, self.folder = cfg, folder
@@ -105,5 +106,10 @@ class ScoreTask:
 
         from pipeline.evaluation.checkpoint_scoring import score  # torch: imported by the job
 
-        share_cpu_threads()
-        return score(self.cfg, Path(self.folder))
+        try:
+            export_distributed_env(self.cfg.cluster.rendezvous_timeout_s)
+            share_cpu_threads()
+            return score(self.cfg, Path(self.folder))
+        except StageError as e:  # the job's log says why in one line, above the trace
+            _log.error(f"error: {e}")
+            raise

@@ -5,6 +5,8 @@ process: the evaluation job runs on whatever it has, whatever layout trained the
 from __future__ import annotations
 
 import json
+import os
+import random
 import shutil
 import subprocess
 import sys
@@ -107,6 +109,77 @@ def test_pipeline_stage_checkpoint_in_one_process_gives_the_stages_validation_lo
     [validation] = evalsets.validation_sets(local, manifest, engine.dp_size).values()
     loss, _ = engine.loss_over(validation, cfg.train.micro_batch_size, None)
     assert abs(loss - state["val_loss"]) <= 1e-5 * loss, (loss, state["val_loss"])
+
+
+def _scoring_requests(sp, workdir: Path, count: int = 21) -> list[tuple[list[int], list[int]]]:
+    """(context, continuation) token ids of many lengths cut from the corpus's last documents,
+    a few batches' worth."""
+    lines = (workdir / "corpus" / "builtin.jsonl").read_text().splitlines()[-count:]
+    rng = random.Random(3)
+    pairs = []
+    for line in lines:
+        ids = sp.encode(json.loads(line)["text"])[:60]
+        cut = rng.randint(1, min(50, len(ids) - 2))
+        pairs.append((ids[:cut], ids[cut : cut + rng.randint(1, 6)]))
+    return pairs
+
+
+def _latest(workdir: Path | str) -> Path:
+    paths = RunPaths.of(workdir)
+    return paths.checkpoints / paths.latest_checkpoint()
+
+
+def _scoring_rank(rank: int, port: int, workdir: str, out: str) -> None:
+    """One of a downstream job's two ranks: the tensor-parallel run's checkpoint scored in the
+    job's layout."""
+    os.environ.update(RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank))
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    from megatron.core import parallel_state
+
+    from pipeline.evaluation.downstream import scoring_model
+
+    cfg = make_config(workdir, *SMALL_SERIAL, *TWO_RANKS, *LAYOUTS["tensor2"])
+    model = scoring_model(cfg, _latest(workdir))
+    pairs = _scoring_requests(model.sp, Path(workdir))
+    contexts = [context for context, _ in pairs[:6]]
+    found = {
+        "tensor": parallel_state.get_tensor_model_parallel_world_size(),
+        "data": model.engine.dp_size,
+        "scores": model.scorer.loglikelihoods(pairs, cfg.model.seq_length),
+        "greedy": model.scorer.greedy(contexts, 4, model.sp.eos_id(), lambda ids: False),
+    }
+    Path(out, f"rank{rank}.json").write_text(json.dumps(found))
+
+
+def test_a_tensor_parallel_checkpoint_scores_under_two_ranks_as_in_one_process(runs, tmp_path):
+    """A downstream job of two ranks holds the model trained with parallel.tensor=2 as it was
+    trained, the vocabulary's logits gathered from both before the log-softmax (its padded rows
+    left out): each request's log-likelihood, and whether greedy decoding yields it, as one
+    process holding the whole model scores them."""
+    import torch.multiprocessing as mp
+
+    from pipeline.evaluation.downstream import scoring_model
+
+    workdir = runs["tensor2"]
+    port = 29500 + os.getpid() % 1000
+    mp.start_processes(
+        _scoring_rank, args=(port, str(workdir), str(tmp_path)), nprocs=2, start_method="spawn"
+    )
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+    assert [(r["tensor"], r["data"]) for r in ranks] == [(2, 1), (2, 1)]
+    assert ranks[0]["scores"] == ranks[1]["scores"] and ranks[0]["greedy"] == ranks[1]["greedy"]
+    cfg = make_config(workdir, *SMALL_SERIAL, *TWO_RANKS, *LAYOUTS["tensor2"])
+    alone = scoring_model(cfg, _latest(workdir))
+    assert alone.engine.settled.tensor == 1 and alone.state["layout"]["tensor"] == 2
+    pairs = _scoring_requests(alone.sp, workdir)
+    expected = alone.scorer.loglikelihoods(pairs, cfg.model.seq_length)
+    for (logprob, greedy), (one, one_greedy) in zip(ranks[0]["scores"], expected, strict=True):
+        assert abs(logprob - one) <= 1e-5 and greedy == one_greedy
+    contexts = [context for context, _ in pairs[:6]]
+    continued = alone.scorer.greedy(contexts, 4, alone.sp.eos_id(), lambda ids: False)
+    assert continued == ranks[0]["greedy"] and any(continued)
+    own = [(c, ids) for c, ids in zip(contexts, continued, strict=True) if ids]
+    assert all(g for _, g in alone.scorer.loglikelihoods(own, cfg.model.seq_length))
 
 
 ONE_PROCESS = [

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import time
 
 import pytest
 import torch
@@ -111,3 +112,38 @@ def test_two_data_parallel_ranks_each_get_every_result(tmp_path):
     for (a, ga), (b, gb) in zip(ranks[0]["loglikelihoods"], expected, strict=True):
         assert a == pytest.approx(b, abs=1e-5) and ga == gb
     assert ranks[0]["greedy"] == alone.greedy([c for c, _ in pairs], 5, VOCAB - 1, lambda i: False)
+
+
+def _slow(x: int) -> int:
+    time.sleep(0.5)
+    return x
+
+
+def _pool_ended_with_busy_workers() -> int:
+    """As the harness computes a metric's stderr, in a job's process: a pool of forked workers,
+    ended (SIGTERM) while workers are still alive; here they are busy, so they always are."""
+    import multiprocessing
+
+    from pipeline.evaluation import harness
+
+    harness.pool_workers_end_on_sigterm()
+    with multiprocessing.get_context("fork").Pool(2) as pool:
+        return next(pool.imap(_slow, range(8)))
+
+
+def test_a_pool_in_a_submitit_job_ends_although_the_job_ignores_sigterm(tmp_path):
+    """submitit's job handler ignores SIGTERM, and forked workers inherit it: without the hook
+    a worker alive when the pool ends never does, and the pool waits for it forever (the
+    downstream jobs of several ranks that never finished)."""
+    import submitit
+
+    executor = submitit.LocalExecutor(folder=str(tmp_path))
+    executor.update_parameters(timeout_min=2)
+    job = executor.submit(_pool_ended_with_busy_workers)
+    deadline = time.monotonic() + 60
+    while not job.done() and time.monotonic() < deadline:
+        time.sleep(0.5)
+    finished = job.done()
+    if not finished:
+        job.cancel()
+    assert finished and job.result() == 0

@@ -128,6 +128,28 @@ def test_each_step_says_where_it_runs_and_the_cluster_gives_it_resources(tmp_pat
     assert all(needs[s].time_limit == "04:00:00" for s in ("tokenizer", "tokenize", "index"))
 
 
+def test_the_downstream_job_gets_the_training_s_tensor_x_pipeline_ranks(tmp_path):
+    """A checkpoint is scored in the layout it was trained in: a GPU per tensor x pipeline rank
+    on Slurm (over nodes where one has too few), as many processes on CPU ranks."""
+    from pipeline.evaluation.downstream_step import DOWNSTREAM
+    from pipeline.orchestration.executors.slurm import slurm_parameters
+
+    assert DOWNSTREAM.placement is Placement.MODEL_RANKS
+    gpus = [*GPU_GIVEN, "model=gpt-1.3b", "parallel.pipeline=2"]
+    cfg = make_config(tmp_path, "cluster=gpu-cluster", *gpus, "parallel.tensor=2")
+    needs = resources(DOWNSTREAM, cfg)
+    assert (needs.nodes, needs.tasks_per_node, needs.gpus_per_node) == (1, 4, 4)
+    params = slurm_parameters(cfg, DOWNSTREAM)
+    assert (params["nodes"], params["ntasks_per_node"], params["gpus_per_node"]) == (1, 4, 4)
+    wide = make_config(tmp_path, "cluster=gpu-cluster", *gpus, "parallel.tensor=8")
+    assert resources(DOWNSTREAM, wide).ranks == 16 and resources(DOWNSTREAM, wide).nodes == 2
+    cpu = make_config(tmp_path, "cluster.tasks_per_node=2", "parallel.tensor=2")
+    needs = resources(DOWNSTREAM, cpu)
+    assert (needs.ranks, needs.gpus_per_node) == (2, 0)
+    one = resources(DOWNSTREAM, make_config(tmp_path))
+    assert (one.ranks, one.gpus_per_node) == (1, 0)
+
+
 def test_the_graph_orders_the_steps_of_the_stages_asked_for(tmp_path):
     def names(*overrides: str) -> list[str]:
         return [s.name for s in graph.steps(make_config(tmp_path, *overrides))]

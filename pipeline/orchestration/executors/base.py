@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from pipeline.config import PipelineConfig
-from pipeline.config.derived import tasks_per_node
+from pipeline.config.derived import settled, tasks_per_node
 from pipeline.core import files
 from pipeline.core.errors import StageError
 from pipeline.core.paths import RunPaths
@@ -46,6 +46,14 @@ def resources(step: Step, cfg: PipelineConfig) -> Resources:
         return Resources(c.time_limit, c.nodes, tasks_per_node(c), c.gpus_per_node, requeue=True)
     if step.placement is Placement.ONE_DEVICE:
         return Resources(c.time_limit, gpus_per_node=min(1, c.gpus_per_node))
+    if step.placement is Placement.MODEL_RANKS:
+        s = settled(cfg)
+        ranks = s.tensor * s.pipeline
+        if c.gpus_per_node <= 0:  # CPU ranks, on one node
+            return Resources(c.time_limit, tasks_per_node=ranks)
+        per_node = min(ranks, c.gpus_per_node)
+        nodes = -(-ranks // per_node)
+        return Resources(c.time_limit, nodes, per_node, per_node)
     return Resources(c.cpu_time_limit)  # CPU, and each task of an ARRAY
 
 

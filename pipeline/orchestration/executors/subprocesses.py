@@ -23,7 +23,7 @@ from pipeline.orchestration.executors.base import (
     stop_if_interrupted,
 )
 from pipeline.orchestration.graph import Step
-from pipeline.orchestration.tasks import ArrayTask, DistributedTask
+from pipeline.orchestration.tasks import ArrayTask, DistributedTask, ScoreTask
 
 _log = log.get("pipeline")
 
@@ -164,3 +164,23 @@ class SubprocessExecutor:
                     results = _results(step, job, paths.failures_log, started)
                     stop_if_interrupted(step, results[0])
             _log.info(f"{step.name}: done in {time.time() - started:.1f} s")
+
+
+def score_in_ranks(cfg: PipelineConfig, folder: Path) -> None:
+    """Score the checkpoint `folder` in a job of the downstream step's ranks on this machine
+    (submitit's local executor; gloo between CPU ranks), waiting for it to end."""
+    import submitit
+
+    from pipeline.evaluation.downstream_step import DOWNSTREAM
+
+    paths = RunPaths.of(cfg.workdir)
+    started = time.time()
+    needs = resources(DOWNSTREAM, cfg)
+    executor = submitit.LocalExecutor(folder=str(paths.job_logs(f"downstream-{folder.name}")))
+    executor.update_parameters(
+        timeout_min=24 * 60, tasks_per_node=needs.ranks, gpus_per_node=needs.gpus_per_node
+    )
+    job = executor.submit(ScoreTask(cfg, str(folder)))
+    _log.info(f"downstream {folder.name}: {needs.ranks} ranks, logs under {job.paths.folder}")
+    _results(DOWNSTREAM, job, paths.failures_log, started)
+    _log.info(f"downstream {folder.name}: scored ({paths.downstream_result(folder.name)})")
