@@ -101,6 +101,11 @@ class RouterHealth:
         self.counts = torch.zeros(shape, dtype=torch.float64, device=device or "cpu")
         for router in self.routers:
             router.register_forward_hook(self._count)
+        from megatron.core.transformer.moe.moe_utils import get_moe_layer_wise_logging_tracker
+
+        # megatron-core sizes its per-layer loss tracker (process-wide) for the first model that
+        # fills it: one built before in this process (another layer count) is forgotten
+        get_moe_layer_wise_logging_tracker().clear()
         # tensor-parallel ranks without sequence parallelism route the same tokens
         s = settled(cfg)
         self.copies = 1 if sequence_parallel(cfg) else s.tensor
