@@ -46,8 +46,7 @@ def launch(cfg: PipelineConfig, given: list[str]) -> int:
     """Refuse what cannot work or would reuse outputs made otherwise, then run or submit the
     steps to run; print where it all went. `given`: this command line's overrides, recorded
     in runs.jsonl. A dry run prints what it would do, and writes nothing."""
-    cfg, plan = refusals(cfg)
-    fetch_tasks = task_data.check(cfg)
+    cfg, plan, fetch_tasks = refusals(cfg)
     verdicts = reruns.judge(cfg)
     reruns.refuse_changes(cfg, verdicts)
     if cfg.cluster.executor == "slurm" and not cfg.dry_run:
@@ -81,10 +80,10 @@ def launch(cfg: PipelineConfig, given: list[str]) -> int:
             steps={v.step.name: v.state for v in verdicts},
         )
         files.write_text(paths.config, config.to_yaml(cfg))
-        if plan is not None:
-            run_plan.write(plan, paths.root)
         if fetch_tasks:  # once, before any job that reads it offline
             task_data.fetch(cfg)
+        if plan is not None:
+            run_plan.write(plan, paths.root)
         _run_pending(cfg, verdicts, plan, prepare=True)
     print(f"\nRun folder: {paths.root}")
     if paths.summary.exists():
@@ -97,17 +96,19 @@ def launch(cfg: PipelineConfig, given: list[str]) -> int:
     return 0
 
 
-def refusals(cfg: PipelineConfig) -> tuple[PipelineConfig, Plan | None]:
+def refusals(cfg: PipelineConfig) -> tuple[PipelineConfig, Plan | None, bool]:
     """Refuse what cannot work or would fail after hours in the queue (raises ConfigError);
-    `cfg` as its jobs are to run it (an MLflow store's local path made absolute), and the plan
-    of a run that trains, made once: checked here, then printed and kept in the run folder."""
+    `cfg` as its jobs are to run it (an MLflow store's local path made absolute), the plan
+    of a run that trains, made once: checked here, then printed and kept in the run folder,
+    and whether the downstream tasks' data is to be fetched (task_data.check)."""
     preflight.check_stage_inputs(cfg)
     cfg = tracking_settings.checked(cfg, Path.cwd())
+    fetch_tasks = task_data.check(cfg)  # the inputs of the scoring jobs, before the plan
     plan = run_plan.make(cfg) if "train" in cfg.stages else None
     if plan is not None:
         preflight.check_training(cfg, plan)
         preflight.check_epochs(cfg, plan)
-    return cfg, plan
+    return cfg, plan, fetch_tasks
 
 
 def _link_prepared_data(prepared: Path, paths: RunPaths) -> None:

@@ -26,6 +26,7 @@ from pipeline.config.schema import AUTO
 from pipeline.core.errors import ConfigError
 from pipeline.core.paths import RunPaths
 from pipeline.data.datasets import vocab_size
+from pipeline.model.sizes import ffn_hidden_size
 from pipeline.model.stages import PipelineSplit
 from pipeline.planning import hardware, run_gpu
 from pipeline.planning.hardware import Hardware
@@ -161,7 +162,8 @@ def model_ranks(cfg: PipelineConfig) -> int:
 def open_sizes(cfg: PipelineConfig, open_: Constraints) -> list[tuple[int, int]]:
     """The (tensor, pipeline) sizes the search opens for this run under `open_`."""
     split = PipelineSplit.of(cfg.parallel)
-    return list(parallel_sizes(cfg.model, model_ranks(cfg), open_, split=split))
+    ffn = ffn_hidden_size(cfg.model)
+    return list(parallel_sizes(cfg.model, ffn, model_ranks(cfg), open_, split=split))
 
 
 def options(

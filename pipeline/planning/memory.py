@@ -19,8 +19,6 @@ from dataclasses import replace
 
 from pipeline.config import ModelConfig
 from pipeline.model.figures import ModelFigures
-from pipeline.model.parameters import layer_kinds
-from pipeline.model.sizes import expert_ffn_hidden_size, ffn_hidden_size, kv_channels
 from pipeline.planning.parallel_layout import ParallelLayout
 from pipeline.planning.units import GIB
 
@@ -55,7 +53,9 @@ def routed_rows(m: ModelConfig, layout: ParallelLayout) -> float:
     return m.seq_length * layout.micro_batch * m.moe.top_k * gathered / seq_split
 
 
-def _moe_mlp_bytes(m: ModelConfig, layout: ParallelLayout, gemm_input: int) -> tuple[float, float]:
+def _moe_mlp_bytes(
+    m: ModelConfig, figures: ModelFigures, layout: ParallelLayout, gemm_input: int
+) -> tuple[float, float]:
     """What a MoE layer's MLP keeps: (before sequence parallelism splits it: the router's fp32
     scores and probabilities; on one GPU: the routed rows' GEMM inputs, FC1 and activation
     outputs, the experts' outputs weighted by the probabilities in backward, and the shared
@@ -63,7 +63,7 @@ def _moe_mlp_bytes(m: ModelConfig, layout: ParallelLayout, gemm_input: int) -> t
     s, b, e = m.seq_length, layout.micro_batch, activation_dtype_bytes(layout)
     gated = 2 if m.activation == "swiglu" else 1
     router = 2 * 4 * s * b * m.moe.experts
-    ffn = expert_ffn_hidden_size(m) / layout.expert_tensor_size
+    ffn = figures.expert_ffn_hidden_size / layout.expert_tensor_size
     per_row = m.hidden_size * (gemm_input + e) + ffn * (gated * e + gemm_input)
     shared = m.moe.shared_expert_ffn_hidden_size
     shared_bytes = s * b * shared * (gated * e + gemm_input) / layout.tensor
@@ -76,7 +76,11 @@ def dispatch_bytes(m: ModelConfig, layout: ParallelLayout) -> int:
 
 
 def layer_activations(
-    m: ModelConfig, layout: ParallelLayout, recompute: str | None = None, moe: bool = False
+    m: ModelConfig,
+    figures: ModelFigures,
+    layout: ParallelLayout,
+    recompute: str | None = None,
+    moe: bool = False,
 ) -> int:
     """Bytes one transformer layer keeps for backward, per micro-batch, on one GPU.
 
@@ -99,8 +103,8 @@ def layer_activations(
         return math.ceil(e * s * b * h / seq_split)
     heads = m.num_attention_heads
     groups = m.num_query_groups or heads
-    head_dim = kv_channels(m)
-    ffn = ffn_hidden_size(m)
+    head_dim = figures.kv_channels
+    ffn = figures.ffn_hidden_size
     fp8 = layout.precision == "fp8"
     gemm_input = 1 if fp8 else e
     masks = 2 if m.hidden_dropout > 0 else 0
@@ -109,30 +113,34 @@ def layer_activations(
     attention_out = s * b * heads * head_dim * (e + (1 if fp8 else 0))
     mlp = s * b * ffn * (e * (2 if m.activation == "swiglu" else 1) + gemm_input) / layout.tensor
     if moe:
-        router, mlp = _moe_mlp_bytes(m, layout, gemm_input)
+        router, mlp = _moe_mlp_bytes(m, figures, layout, gemm_input)
         whole += router
     split = qkv + attention_out + _core_attention_bytes(m, layout, recompute)
     return math.ceil(whole / seq_split + split / layout.tensor + mlp)
 
 
 def stage_activations(
-    m: ModelConfig, layout: ParallelLayout, recompute: str | None = None, stage: int = 0
+    m: ModelConfig,
+    figures: ModelFigures,
+    layout: ParallelLayout,
+    recompute: str | None = None,
+    stage: int = 0,
 ) -> int:
     """One micro-batch's activations over a pipeline stage's layers (per GPU)."""
     recompute = recompute or layout.recompute
-    dense, moe = layer_kinds(m, layout.pipeline, stage, layout.pipeline_split)
+    dense, moe = figures.layer_kinds[stage]
     layers = dense + moe
     if recompute != "full":
-        kept = dense * layer_activations(m, layout, recompute)
-        return kept + moe * layer_activations(m, layout, recompute, moe=True)
+        kept = dense * layer_activations(m, figures, layout, recompute)
+        return kept + moe * layer_activations(m, figures, layout, recompute, moe=True)
     # the recomputed layers keep only their input; the rest everything (MoE layers last)
     recomputed = min(layout.recompute_layers or layers, layers)
     whole_moe = min(moe, layers - recomputed)
     whole_dense = layers - recomputed - whole_moe
     return (
-        recomputed * layer_activations(m, layout, "full")
-        + whole_dense * layer_activations(m, layout, "none")
-        + whole_moe * layer_activations(m, layout, "none", moe=True)
+        recomputed * layer_activations(m, figures, layout, "full")
+        + whole_dense * layer_activations(m, figures, layout, "none")
+        + whole_moe * layer_activations(m, figures, layout, "none", moe=True)
     )
 
 
@@ -202,16 +210,20 @@ def stage_memory(
     m: ModelConfig, figures: ModelFigures, layout: ParallelLayout, stage: int
 ) -> dict[str, int]:
     memory = static_bytes(figures.stages[stage], layout)
-    per_micro_batch = stage_activations(m, layout, stage=stage)
+    per_micro_batch = stage_activations(m, figures, layout, stage=stage)
     in_flight = micro_batches_in_flight(layout, stage)
     memory["activations"] = math.ceil(per_micro_batch * in_flight)
     last = stage == layout.pipeline - 1
     memory["logits"] = logits_bytes(m, figures.padded_vocab, layout) if last else 0
     # full recompute: the layer being recomputed holds its whole working set again
-    memory["working"] = layer_activations(m, layout, "none") if layout.recompute == "full" else 0
-    if layer_kinds(m, layout.pipeline, stage, layout.pipeline_split)[1]:
+    memory["working"] = (
+        layer_activations(m, figures, layout, "none") if layout.recompute == "full" else 0
+    )
+    if figures.layer_kinds[stage][1]:
         working = (
-            layer_activations(m, layout, "none", moe=True) if layout.recompute == "full" else 0
+            layer_activations(m, figures, layout, "none", moe=True)
+            if layout.recompute == "full"
+            else 0
         )
         memory["working"] = max(memory["working"], working + dispatch_bytes(m, layout))
     memory["overhead"] = FIXED_OVERHEAD_BYTES

@@ -11,6 +11,7 @@ from pipeline.config.choices import RECOMPUTE_MODES
 from pipeline.config.derived import world_size
 from pipeline.core.paths import RunPaths
 from pipeline.data import mixture
+from pipeline.model.figures import ModelFigures
 from pipeline.planning import hardware, run_gpu
 from pipeline.planning.hardware import Hardware
 from pipeline.planning.memory import (
@@ -190,7 +191,9 @@ def _memory_lines(cfg: PipelineConfig, plan: Plan) -> list[str]:
     return lines
 
 
-def _activation_table(cfg: PipelineConfig, layout: ParallelLayout) -> list[str]:
+def _activation_table(
+    cfg: PipelineConfig, figures: ModelFigures, layout: ParallelLayout
+) -> list[str]:
     columns = [("bf16", False), ("fp8", False)]
     if layout.tensor > 1:
         columns += [("bf16", True), ("fp8", True)]
@@ -213,7 +216,9 @@ def _activation_table(cfg: PipelineConfig, layout: ParallelLayout) -> list[str]:
             replace(layout, precision=precision, sequence_parallel=sp, recompute=mode)
             for precision, sp in columns
         )
-        cells = "".join(f"{gib(stage_activations(local, v, stage=fullest)):>12}" for v in variants)
+        cells = "".join(
+            f"{gib(stage_activations(local, figures, v, stage=fullest)):>12}" for v in variants
+        )
         lines.append(f"  {mode:<10}{cells}")
     return lines
 
@@ -320,7 +325,7 @@ def plan_lines(cfg: PipelineConfig, plan: Plan, options: PlanOptions) -> list[st
     if plan.reasons:
         lines.append(f"  chosen: {plan.reasons}")
     lines += _memory_lines(cfg, plan)
-    lines += _activation_table(cfg, layout)
+    lines += _activation_table(cfg, plan.figures, layout)
     lines += _time_lines(cfg, plan, options)
     lines += [
         line.removeprefix("[plan] ") for line in mixture.plan_lines(cfg, plan.data.train_tokens)

@@ -15,7 +15,6 @@ from types import MappingProxyType
 from pipeline.config import ModelConfig, PipelineConfig
 from pipeline.config.choices import RECOMPUTE_MODES
 from pipeline.model.figures import ModelFigures
-from pipeline.model.sizes import expert_ffn_hidden_size, ffn_hidden_size
 from pipeline.model.stages import EVEN, PipelineSplit
 from pipeline.planning import hardware
 from pipeline.planning.hardware import Hardware
@@ -72,19 +71,21 @@ def divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
-def tensor_parallel_problem(m: ModelConfig, tensor: int) -> str | None:
+def tensor_parallel_problem(m: ModelConfig, ffn: int, tensor: int) -> str | None:
+    """Why `tensor` ranks cannot split the heads, query groups or the MLP of width `ffn`."""
     groups = m.num_query_groups or m.num_attention_heads
     if m.num_attention_heads % tensor:
         return f"TP={tensor} does not divide {m.num_attention_heads} heads"
     if groups % tensor:
         return f"TP={tensor} does not divide {groups} query groups"
-    if ffn_hidden_size(m) % tensor:
-        return f"TP={tensor} does not divide ffn_hidden_size {ffn_hidden_size(m)}"
+    if ffn % tensor:
+        return f"TP={tensor} does not divide ffn_hidden_size {ffn}"
     return None
 
 
 def expert_parallel_sizes(
     m: ModelConfig,
+    expert_ffn: int,
     tensor: int,
     data: int,
     context: int,
@@ -94,11 +95,11 @@ def expert_parallel_sizes(
 ) -> list[int]:
     """EP sizes open to a MoE model at (TP, DP, CP): dividing the experts, and with the experts'
     tensor parallelism dividing TP x CP x DP (megatron-core: TP x CP x DP = expert-TP x EP x
-    expert-DP); [1] for a dense model."""
+    expert-DP), each expert's MLP of width `expert_ffn`; [1] for a dense model."""
     if not m.moe.experts:
         return [1]
     etp = expert_tensor or tensor
-    if expert_ffn_hidden_size(m) % etp:
+    if expert_ffn % etp:
         rejected.append(f"expert TP={etp} does not divide the experts' FFN")
         return []
     ranks = tensor * context * data
@@ -155,19 +156,21 @@ def base_layout(cfg: PipelineConfig) -> ParallelLayout:
 
 def parallel_sizes(
     m: ModelConfig,
+    ffn: int,
     gpus: int,
     c: Constraints,
     rejected: list[str] | None = None,
     split: PipelineSplit = EVEN,
 ) -> Iterator[tuple[int, int]]:
-    """The (TP, PP) pairs open for `gpus` GPUs (those of one context-parallel rank), in order,
+    """The (TP, PP) pairs open for `gpus` GPUs (those of one context-parallel rank) to model `m`
+    with an MLP of width `ffn`, in order,
     the pipeline stages sharing out the layers as `split` counts them; why each size is left
     out goes into `rejected` as the pairs are reached."""
     rejected = [] if rejected is None else rejected
     for tensor in c.tensors or divisors(gpus):
         if gpus % tensor or (c.max_tensor is not None and tensor > c.max_tensor):
             continue
-        problem = tensor_parallel_problem(m, tensor)
+        problem = tensor_parallel_problem(m, ffn, tensor)
         if problem:
             rejected.append(problem)
             continue
@@ -195,7 +198,9 @@ def search(
     """Every layout `c` opens for `gpus` GPUs of `hw` at `global_batch` sequences, from `base`
     (precision, optimizer and overlap settings), each with its memory and speed estimate."""
     found = Search()
-    for tensor, pipeline in parallel_sizes(m, gpus, c, found.rejected, base.pipeline_split):
+    widths = base.model_figures(m, vocab)  # the MLP widths, the same in every layout
+    sizes = parallel_sizes(m, widths.ffn_hidden_size, gpus, c, found.rejected, base.pipeline_split)
+    for tensor, pipeline in sizes:
         data = gpus // (tensor * pipeline)
         if global_batch % data:
             where = f"TP={tensor} PP={pipeline} DP={data}"
@@ -205,7 +210,14 @@ def search(
         sequence = tensor > 1 if c.sequence_parallel is None else c.sequence_parallel
         micros = c.micro_batches(per_rank) if c.micro_batches else divisors(per_rank)
         experts = expert_parallel_sizes(
-            m, tensor, data, base.context, base.expert_tensor, c, found.rejected
+            m,
+            widths.expert_ffn_hidden_size,
+            tensor,
+            data,
+            base.context,
+            base.expert_tensor,
+            c,
+            found.rejected,
         )
         for expert in experts:
             for micro in micros:

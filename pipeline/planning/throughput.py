@@ -35,8 +35,6 @@ from dataclasses import dataclass
 
 from pipeline.config import ModelConfig, PipelineConfig
 from pipeline.model.figures import ModelFigures
-from pipeline.model.parameters import layer_kinds
-from pipeline.model.sizes import expert_ffn_hidden_size, kv_channels
 from pipeline.planning.hardware import Hardware, preset
 from pipeline.planning.memory import routed_rows
 from pipeline.planning.parallel_layout import ParallelLayout
@@ -124,7 +122,13 @@ def _all_to_all_s(m: ModelConfig, rows: float, lo: ParallelLayout, hw: Hardware,
 
 
 def _experts_s(
-    m: ModelConfig, lo: ParallelLayout, hw: Hardware, c: Constants, peak: float, fraction: float
+    m: ModelConfig,
+    figures: ModelFigures,
+    lo: ParallelLayout,
+    hw: Hardware,
+    c: Constants,
+    peak: float,
+    fraction: float,
 ) -> tuple[float, float]:
     """A MoE layer's MLP on one GPU, one micro-batch: (its GEMMs forward and backward: the
     local experts' on the rows an even load gives each, and the shared expert's; one
@@ -132,7 +136,7 @@ def _experts_s(
     rows, experts = routed_rows(m, lo) / lo.context, m.moe.experts
     local = experts / lo.expert
     per_expert = rows / local
-    ffn, etp = expert_ffn_hidden_size(m), lo.expert_tensor_size
+    ffn, etp = figures.expert_ffn_hidden_size, lo.expert_tensor_size
     gated = 2 if m.activation == "swiglu" else 1
     h = m.hidden_size
     gemms = local * (
@@ -150,14 +154,20 @@ def _experts_s(
 
 
 def _layer_s(
-    m: ModelConfig, ffn: int, lo: ParallelLayout, hw: Hardware, c: Constants, moe: bool = False
+    m: ModelConfig,
+    figures: ModelFigures,
+    lo: ParallelLayout,
+    hw: Hardware,
+    c: Constants,
+    moe: bool = False,
 ) -> tuple[float, float, float, float, float]:
-    """One layer of MLP width `ffn` (`moe`: a MoE layer's experts), one micro-batch, one GPU:
+    """One layer (`moe`: a MoE layer's experts), one micro-batch, one GPU:
     (forward + backward compute, its elementwise part, forward attention, one forward TP
     collective, one all-to-all of the dispatcher) in seconds."""
     t, tokens = lo.tensor, lo.micro_batch * m.seq_length / lo.context
     h, heads = m.hidden_size, m.num_attention_heads
-    groups, head_dim = m.num_query_groups or heads, kv_channels(m)
+    groups, head_dim = m.num_query_groups or heads, figures.kv_channels
+    ffn = figures.ffn_hidden_size
     gated = m.activation == "swiglu"
     fp8 = lo.precision == "fp8" and hw.fp8
     peak = hw.peak_tflops("fp8" if fp8 else "bf16")
@@ -166,18 +176,18 @@ def _layer_s(
     gemms += _gemm_s(tokens, h, heads * head_dim / t, peak, fraction, c)  # output projection
     a2a = 0.0
     if moe:
-        experts, a2a = _experts_s(m, lo, hw, c, peak, fraction)
+        experts, a2a = _experts_s(m, figures, lo, hw, c, peak, fraction)
         gemms += experts
     else:
         gemms += _gemm_s(tokens, ffn * (2 if gated else 1) / t, h, peak, fraction, c)  # FC1
         gemms += _gemm_s(tokens, h, ffn / t, peak, fraction, c)  # FC2
     e = 4 if lo.precision == "fp32" else 2
-    attention_fwd = _attention_fwd_s(m, lo, hw, c, tokens, e)
+    attention_fwd = _attention_fwd_s(m, figures.kv_channels, lo, hw, c, tokens, e)
     whole = 10 * h * e  # two norms (read, write) and two residual adds (two reads, a write)
     if m.hidden_dropout > 0:  # two dropouts: read, write and a mask byte each
         whole += 2 * (2 * e + 1) * h
     if moe:  # the routed rows' activation, and the shared expert's
-        ffn = m.moe.top_k * expert_ffn_hidden_size(m) + m.moe.shared_expert_ffn_hidden_size
+        ffn = m.moe.top_k * figures.expert_ffn_hidden_size + m.moe.shared_expert_ffn_hidden_size
     split = (2 * (heads + groups) * head_dim + (3 if gated else 2) * ffn) * e  # RoPE, activation
     if fp8:  # casts of the four GEMM inputs and the gradients to fp8
         split += 3 * (h + ffn) * e
@@ -193,13 +203,19 @@ def _layer_s(
 
 
 def _attention_fwd_s(
-    m: ModelConfig, lo: ParallelLayout, hw: Hardware, c: Constants, tokens: float, e: int
+    m: ModelConfig,
+    head_dim: int,
+    lo: ParallelLayout,
+    hw: Hardware,
+    c: Constants,
+    tokens: float,
+    e: int,
 ) -> float:
-    """Core attention's forward on one GPU (backward: 2.5 times it). Flash attention computes
+    """Core attention's forward on one GPU, heads `head_dim` wide (backward: 2.5 times it). Flash attention computes
     the causal half of Q K^T and P V at a fraction of the bf16 peak that falls with the head
     dimension (the matmuls' inner size); unfused attention multiplies the whole s x s matrix
     and writes the scores, the softmax (and its dropout) through HBM."""
-    heads, head_dim = m.num_attention_heads / lo.tensor, kv_channels(m)
+    heads = m.num_attention_heads / lo.tensor
     s = m.seq_length
     shape = head_dim / (head_dim + c.gemm_half_dim)
     if lo.fused_kernels and lo.precision != "fp32":
@@ -236,16 +252,16 @@ def expected_step(
     tensor and pipeline split (pipeline.model.figures)."""
     hw, c, lo = hw or preset(None), constants, layout
     t, p, v = lo.tensor, lo.pipeline, lo.virtual_pipeline or 1
-    ffn, padded = figures.ffn_hidden_size, figures.padded_vocab
+    padded = figures.padded_vocab
     params = figures.even_busiest_stage
     model_flops = figures.flops_per_sequence_tp1 * lo.global_batch
     layers = math.ceil(m.num_layers / p)
     # the busiest stage's layers: the last ones, MoE layers where the model has them
-    moe = min(layers, layer_kinds(m, p, p - 1, lo.pipeline_split)[1])
-    compute, _, attention_fwd, tp_one, _ = _layer_s(m, ffn, lo, hw, c)
+    moe = min(layers, figures.layer_kinds[p - 1][1])
+    compute, _, attention_fwd, tp_one, _ = _layer_s(m, figures, lo, hw, c)
     all_to_all = stall = 0.0  # per layer, averaged over the stage's layers
     if moe:
-        moe_compute, _, _, _, a2a = _layer_s(m, ffn, lo, hw, c, moe=True)
+        moe_compute, _, _, _, a2a = _layer_s(m, figures, lo, hw, c, moe=True)
         # the host's work for a MoE layer (launching its many small kernels): the dispatcher's
         # sync on the tokens per expert makes the GPU wait for it; without one the host runs
         # ahead and it only bounds the layer from below

@@ -171,7 +171,9 @@ def test_a_moe_layer_keeps_its_routed_rows():
     norms 2048 x 2048 x 8 = 33,554,432, QKV 2 x 2048 x 128 x 48 = 25,165,824, its output
     2048 x 2048 x 2 = 8,388,608, flash attention's log-sum-exp 4 x 16 x 2048 = 131,072."""
     layout = ParallelLayout(micro_batch=1)
-    moe = memory.layer_activations(h200_shape(), layout, "none", moe=True)
+    moe = memory.layer_activations(
+        h200_shape(), layout.model_figures(h200_shape(), 32000), layout, "none", moe=True
+    )
     attention = 33_554_432 + 25_165_824 + 8_388_608 + 131_072
     assert moe == attention + 524_288 + 117_440_512
     assert memory.dispatch_bytes(h200_shape(), layout) == 2 * 2 * 8192 * 2048

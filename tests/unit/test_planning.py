@@ -102,7 +102,9 @@ def test_the_fullest_stage_and_a_split_sequence_set_the_memory(tmp_path):
     uneven = replace(layout, pipeline_split=PipelineSplit(embedding=True, loss=True))
     busiest = memory.memory_per_gpu(cfg.model, uneven.model_figures(cfg.model, 128256), uneven)
     assert busiest["stage"] == 1
-    assert busiest["activations_per_micro_batch"] == 8 * memory.layer_activations(cfg.model, uneven)
+    assert busiest["activations_per_micro_batch"] == 8 * memory.layer_activations(
+        cfg.model, uneven.model_figures(cfg.model, 128256), uneven
+    )
     halved = replace(layout, context=2)
     halves = memory.memory_per_gpu(cfg.model, halved.model_figures(cfg.model, 128256), halved)
     half_sequence = changed(cfg, "model", seq_length=cfg.model.seq_length // 2).model
@@ -171,21 +173,24 @@ def _gpt3_layout(tmp_path, tensor: int, sp: bool, recompute: str):
     return cfg, layout
 
 
+def _layer_activations(m, layout, recompute=None):
+    """One layer's activations, with the model's figures for `layout` (any vocabulary)."""
+    return memory.layer_activations(m, layout.model_figures(m, 32000), layout, recompute)
+
+
 @pytest.mark.parametrize("tensor", [1, 4])
 def test_activations_reproduce_korthikanti(tmp_path, tensor):
     cfg, layout = _gpt3_layout(tmp_path, tensor, sp=False, recompute="none")
     s, b, h, a, t = 2048, 2, 1024, 16, tensor
     sbh = s * b * h
-    assert (
-        memory.layer_activations(cfg.model, layout) == sbh * (10 + 24 / t) + 5 * a * s * s * b / t
-    )
-    assert memory.layer_activations(cfg.model, replace(layout, sequence_parallel=True)) == (
+    assert _layer_activations(cfg.model, layout) == sbh * (10 + 24 / t) + 5 * a * s * s * b / t
+    assert _layer_activations(cfg.model, replace(layout, sequence_parallel=True)) == (
         sbh * 34 / t + 5 * a * s * s * b / t
     )
     selective = replace(layout, recompute="selective", sequence_parallel=True)
-    assert memory.layer_activations(cfg.model, selective) == sbh * 34 / t
+    assert _layer_activations(cfg.model, selective) == sbh * 34 / t
     full = replace(layout, recompute="full", sequence_parallel=True)
-    assert memory.layer_activations(cfg.model, full) == 2 * sbh / t
+    assert _layer_activations(cfg.model, full) == 2 * sbh / t
 
 
 def test_activations_follow_the_kernels_and_shapes(tmp_path):
@@ -197,13 +202,13 @@ def test_activations_follow_the_kernels_and_shapes(tmp_path):
     # no dropout, flash attention: 8 (norms) + 6 (QKV) + 2 (attention output)
     # + 2 x 2 x 5632/2048 (SwiGLU FC1 output) + 2 x 5632/2048 (FC2 input) = 32.5 s*b*h,
     # plus one fp32 log-sum-exp per head and token
-    assert memory.layer_activations(cfg.model, layout) == 32.5 * sbh + 4 * 16 * s * b
-    assert memory.layer_activations(cfg.model, replace(layout, recompute="selective")) == 32.5 * sbh
-    fp8 = memory.layer_activations(cfg.model, replace(layout, precision="fp8"))
-    assert fp8 < memory.layer_activations(cfg.model, layout)
+    assert _layer_activations(cfg.model, layout) == 32.5 * sbh + 4 * 16 * s * b
+    assert _layer_activations(cfg.model, replace(layout, recompute="selective")) == 32.5 * sbh
+    fp8 = _layer_activations(cfg.model, replace(layout, precision="fp8"))
+    assert fp8 < _layer_activations(cfg.model, layout)
     # GQA: fewer key/value heads keep less
     gqa = make_config(tmp_path, "model=gpt-1.3b", "model.num_query_groups=4", *GPU_GIVEN)
-    assert memory.layer_activations(gqa.model, layout) == memory.layer_activations(
+    assert _layer_activations(gqa.model, layout) == _layer_activations(
         cfg.model, layout
     ) - 2 * 2 * (s * b * 128 * 12)
 
@@ -238,7 +243,7 @@ def test_pipeline_stages_hold_micro_batches_in_flight(tmp_path):
     figures = layout.model_figures(cfg.model, 32000)
     first = memory.stage_memory(cfg.model, figures, layout, 0)
     last = memory.stage_memory(cfg.model, figures, layout, 3)
-    per_micro_batch = memory.stage_activations(cfg.model, layout)
+    per_micro_batch = memory.stage_activations(cfg.model, figures, layout)
     assert first["activations"] == 4 * per_micro_batch
     assert last["activations"] == per_micro_batch
     assert first["logits"] == 0 < last["logits"]
